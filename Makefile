@@ -1,0 +1,40 @@
+# deepdive-slurm developer entry points. `make test` and `make run` work on a fresh machine:
+# both create the virtual environment first when it is missing or older than pyproject.toml.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 8700
+
+.PHONY: setup test lint typecheck unit run bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,corpus]'
+	touch $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+# The main job on the embedded defaults: for now the tool server on the offline corpus
+# (no keys, no network). Later issues turn this into the full local GRPO run.
+run: setup
+	$(BIN)/deepdive serve tools --search offline --reader offline --port $(PORT)
+
+bench: setup
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

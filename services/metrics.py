@@ -1,0 +1,67 @@
+"""Prometheus metrics for one service instance (its own registry, so tests and apps never collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+disable_created_metrics()  # the *_created series double the output and nobody reads them
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class ServiceMetrics:
+    """Requests, their latency, upstream calls and errors, cache hits and misses.
+
+    `service` prefixes every name: deepdive_<service>_requests_total, ...
+    """
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, service: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        prefix = f"deepdive_{service}"
+        self.requests = Counter(
+            f"{prefix}_requests",
+            "Requests handled, by operation and outcome (ok or an error code).",
+            ["operation", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            f"{prefix}_request_latency_seconds",
+            "Time to answer a request, by operation.",
+            ["operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_calls = Counter(
+            f"{prefix}_upstream_calls",
+            "HTTP requests sent to an upstream (each retry counts).",
+            ["upstream"],
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            f"{prefix}_upstream_errors",
+            "Failed upstream attempts, by upstream and error kind.",
+            ["upstream", "kind"],
+            registry=self.registry,
+        )
+        self.cache_hits = Counter(
+            f"{prefix}_cache_hits", "Cache hits, by cache.", ["cache"], registry=self.registry
+        )
+        self.cache_misses = Counter(
+            f"{prefix}_cache_misses", "Cache misses, by cache.", ["cache"], registry=self.registry
+        )
+
+    def observe_request(self, operation: str, outcome: str, seconds: float) -> None:
+        self.requests.labels(operation, outcome).inc()
+        self.latency.labels(operation).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,56 @@
+"""Secrets come from the environment or from an env file only readable by its owner.
+
+Never from a config file, a command-line flag or a request: those end up in job folders, in
+`ps` output and in logs. Every secret read here is registered for log redaction.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from services.exceptions import ConfigError
+from services.logs import register_secret
+
+
+def load_env_file(path: str | Path) -> dict[str, str]:
+    """Parse KEY=VALUE lines; refuse a file that group or others can read (mode must be 0600 or stricter)."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"env file {path}: no such file") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"env file {path}: mode {stat.S_IMODE(mode):04o} lets other users read it; "
+            f"run `chmod 600 {path}`"
+        )
+    values: dict[str, str] = {}
+    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"env file {path}, line {lineno}: expected KEY=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
+def apply_env_file(path: str | Path) -> None:
+    """Load an env file into os.environ without overriding variables already set."""
+    for key, value in load_env_file(path).items():
+        os.environ.setdefault(key, value)
+
+
+def read_secret(name: str) -> str | None:
+    """The value of environment variable `name` (None when unset or empty), registered for redaction."""
+    value = os.environ.get(name, "").strip() or None
+    register_secret(value)
+    return value

@@ -1,0 +1,121 @@
+"""The tool server's HTTP surface: POST /tool, GET /health, /ready, /metrics.
+
+POST /tool {session_id, name, arguments, remote_env_info: {forbidden_texts}} answers 200 with
+{output, observation} (the same text, as DeepDive's rollout expects) and, when the call
+failed, "error": {code, message}; the failure text is also the observation. A malformed
+envelope is a 4xx naming the field.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from services.exceptions import RequestError, ToolError
+from services.logs import log_event
+from services.metrics import ServiceMetrics
+from services.tool_server.models import parse_tool_request
+from services.tool_server.tools import ToolExecutor
+from services.web import (
+    BearerAuthMiddleware,
+    error_body,
+    health,
+    internal_error_handler,
+    json_response,
+    metrics_endpoint,
+    read_json_body,
+    request_error_response,
+)
+
+logger = logging.getLogger("deepdive.tool_server")
+
+
+def create_app(
+    executor: ToolExecutor, metrics: ServiceMetrics, token: str | None = None
+) -> Starlette:
+    """The ASGI app around a ready executor. `token` turns on bearer auth (all but /health)."""
+    max_body = executor.config.max_body_bytes
+
+    async def tool(request: Request) -> Response:
+        started = time.perf_counter()
+        name = "invalid"
+        try:
+            call = parse_tool_request(await read_json_body(request, max_body))
+        except RequestError as error:
+            _record(metrics, name, error.code, started, session=None, cache=None)
+            return request_error_response(error)
+        name = call.name if call.name in _KNOWN else "unknown"
+        try:
+            outcome = await executor.call(call)
+        except ToolError as error:
+            _record(metrics, name, error.code, started, call.session_id, cache=None)
+            body = {"output": error.message, "observation": error.message}
+            body.update(error_body(error.code, error.message))
+            return json_response(body)
+        _record(metrics, name, "ok", started, call.session_id, outcome.cache)
+        return json_response({"output": outcome.text, "observation": outcome.text})
+
+    async def ready(_: Request) -> Response:
+        reasons = executor.not_ready_reasons()
+        if reasons:
+            return json_response({"status": "not_ready", "reasons": reasons}, status_code=503)
+        return json_response(
+            {
+                "status": "ready",
+                "search": executor.search_provider.name,
+                "reader": executor.reader.name,
+            }
+        )
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await executor.aclose()
+
+    middleware = [Middleware(BearerAuthMiddleware, token=token)] if token else []
+    return Starlette(
+        routes=[
+            Route("/tool", tool, methods=["POST"]),
+            Route("/", tool, methods=["POST"]),  # DeepDive's rollout posts to the root too
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics_endpoint(metrics), methods=["GET"]),
+        ],
+        middleware=middleware,
+        exception_handlers={Exception: internal_error_handler},
+        lifespan=lifespan,
+    )
+
+
+_KNOWN = frozenset({"search", "click", "open", "start_session", "close_session"})
+
+
+def _record(
+    metrics: ServiceMetrics,
+    tool: str,
+    outcome: str,
+    started: float,
+    session: str | None,
+    cache: str | None,
+) -> None:
+    seconds = time.perf_counter() - started
+    metrics.observe_request(tool, outcome, seconds)
+    log_event(
+        logger,
+        "tool_call",
+        session=session,
+        tool=tool,
+        ms=f"{seconds * 1000:.1f}",
+        cache=cache,
+        outcome=outcome,
+    )

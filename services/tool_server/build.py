@@ -1,0 +1,77 @@
+"""Turn a ToolServerConfig into working providers: read keys, load the corpus, open clients."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from services.logs import log_event
+from services.metrics import ServiceMetrics
+from services.secrets import read_secret
+from services.tool_server import jina, serpapi, serper
+from services.tool_server.config import ToolServerConfig
+from services.tool_server.corpus import CorpusIndex, load_corpus
+from services.tool_server.direct import DirectReader
+from services.tool_server.offline import OfflineReader, OfflineSearch
+from services.tool_server.providers import PageReader, SearchProvider
+from services.tool_server.urlguard import URLGuard
+
+logger = logging.getLogger("deepdive.tool_server")
+
+
+def build_providers(
+    config: ToolServerConfig,
+    metrics: ServiceMetrics | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    show_progress: bool = False,
+) -> tuple[SearchProvider, PageReader]:
+    """The configured search provider and page reader. `transport` replaces the network in tests."""
+    index: CorpusIndex | None = None
+    if "offline" in (config.search, config.reader):
+        documents = load_corpus(config.corpus)
+        index = CorpusIndex.open(documents, config.index_cache_dir, show_progress=show_progress)
+        log_event(logger, "corpus_loaded", documents=len(documents), source=config.corpus or "wiki")
+    guard = URLGuard(config.allowed_networks)
+
+    search: SearchProvider
+    if config.search == "serper":
+        search = serper.SerperSearch(
+            config.serper,
+            read_secret(serper.KEY_ENV),
+            gl=config.gl,
+            hl=config.hl,
+            metrics=metrics,
+            transport=transport,
+        )
+    elif config.search == "serpapi":
+        search = serpapi.SerpApiSearch(
+            config.serpapi,
+            read_secret(serpapi.KEY_ENV),
+            gl=config.gl,
+            hl=config.hl,
+            metrics=metrics,
+            transport=transport,
+        )
+    else:
+        assert index is not None
+        search = OfflineSearch(index)
+
+    reader: PageReader
+    if config.reader == "jina":
+        reader = jina.JinaReader(
+            config.jina, read_secret(jina.KEY_ENV), guard, metrics=metrics, transport=transport
+        )
+    elif config.reader == "direct":
+        reader = DirectReader(config.direct, guard, metrics=metrics, transport=transport)
+    else:
+        assert index is not None
+        reader = OfflineReader(index)
+
+    for provider in (search, reader):
+        reason = provider.not_ready_reason()
+        if reason:
+            log_event(
+                logger, "provider_not_ready", logging.WARNING, provider=provider.name, reason=reason
+            )
+    return search, reader

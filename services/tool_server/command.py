@@ -1,0 +1,186 @@
+"""`deepdive serve tools`: the command-line face of the tool server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from services.cache import CacheSettings
+from services.http import UpstreamSettings
+from services.logs import configure_logging
+from services.metrics import ServiceMetrics
+from services.secrets import apply_env_file, read_secret
+from services.serve import bind, check_exposure, serve
+from services.tool_server import jina, serpapi, serper
+from services.tool_server.app import create_app
+from services.tool_server.build import build_providers
+from services.tool_server.config import READER_BACKENDS, SEARCH_BACKENDS, ToolServerConfig
+from services.tool_server.tools import ToolExecutor
+from services.web import TOKEN_ENV
+
+DEFAULT_PORT = 8700
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="0 picks a free port (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--search",
+        choices=SEARCH_BACKENDS,
+        default="offline",
+        help="search provider (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--reader",
+        choices=READER_BACKENDS,
+        default="offline",
+        help="page reader for open/click (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        help="JSONL corpus {url, title, text} for the offline providers (default: the bundled Wikipedia extracts)",
+    )
+    parser.add_argument(
+        "--index-cache",
+        type=Path,
+        help="where BM25 indexes are cached (default: ~/.cache/deepdive/bm25)",
+    )
+    parser.add_argument(
+        "--no-index-cache", action="store_true", help="build the index in memory every start"
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=60.0,
+        help="total seconds per tool call, retries included (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--page-chars",
+        type=int,
+        default=10_000,
+        help="characters per page of open/click output (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=32,
+        help="concurrent requests per upstream (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=3,
+        help="retries on 429/5xx/transport errors (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cache-ttl",
+        type=float,
+        default=3600.0,
+        help="seconds a search result or page stays cached (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--block-domain",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help="never show or open this domain (repeatable)",
+    )
+    parser.add_argument(
+        "--allow-network",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="let the direct reader fetch from this private network (repeatable)",
+    )
+    parser.add_argument("--gl", help="search country code passed to the search API")
+    parser.add_argument("--hl", help="search language code passed to the search API")
+    parser.add_argument(
+        "--serper-url",
+        default=serper.DEFAULT_URL,
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--serpapi-url",
+        default=serpapi.DEFAULT_URL,
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument("--jina-url", default=jina.DEFAULT_URL, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--env-file", type=Path, help="read API keys from this KEY=VALUE file (mode 0600)"
+    )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help=f"serve beyond loopback without {TOKEN_ENV}",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    parser.epilog = (
+        "API keys come from the environment only: SERPER_API_KEY, SERPAPI_API_KEY, JINA_API_KEY "
+        f"(or --env-file). {TOKEN_ENV}, when set, is required as a bearer token by every endpoint "
+        "but /health."
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ToolServerConfig:
+    base = ToolServerConfig()
+
+    def upstream(settings: UpstreamSettings, url: str) -> UpstreamSettings:
+        retry = replace(settings.retry, max_attempts=max(1, args.retries + 1))
+        return replace(settings, base_url=url, max_concurrency=args.max_concurrency, retry=retry)
+
+    return replace(
+        base,
+        search=args.search,
+        reader=args.reader,
+        corpus=args.corpus,
+        index_cache_dir=None if args.no_index_cache else (args.index_cache or base.index_cache_dir),
+        serper=upstream(base.serper, args.serper_url),
+        serpapi=upstream(base.serpapi, args.serpapi_url),
+        jina=upstream(base.jina, args.jina_url),
+        direct=upstream(base.direct, ""),
+        gl=args.gl,
+        hl=args.hl,
+        call_deadline_s=args.deadline,
+        page_chars=args.page_chars,
+        search_cache=CacheSettings(base.search_cache.max_entries, args.cache_ttl),
+        page_cache=CacheSettings(base.page_cache.max_entries, args.cache_ttl),
+        blocked_domains=tuple(args.block_domain),
+        allowed_networks=tuple(args.allow_network),
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    configure_logging(args.log_level)
+    if args.env_file:
+        apply_env_file(args.env_file)
+    token = read_secret(TOKEN_ENV)
+    check_exposure(args.host, token, args.allow_unauthenticated)
+    config = config_from_args(args)
+    sock = bind(args.host, args.port)
+    metrics = ServiceMetrics("tool")
+    search, reader = build_providers(config, metrics, show_progress=sys.stderr.isatty())
+    app = create_app(ToolExecutor(config, search, reader, metrics), metrics, token=token)
+
+    def announce(host: str, port: int) -> None:
+        base = f"http://{host}:{port}"
+        auth = f" -H 'Authorization: Bearer ${TOKEN_ENV}'" if token else ""
+        print(
+            f"tool server listening on {base} (search={config.search}, reader={config.reader})\n"
+            f"  try: curl -s{auth} -X POST {base}/tool -H 'Content-Type: application/json' "
+            '-d \'{"session_id": "demo", "name": "search", "arguments": {"query": "Ada Lovelace"}}\'\n'
+            f'  then: ... -d \'{{"session_id": "demo", "name": "click", "arguments": {{"link_id": 1}}}}\'\n'
+            f"  health: {base}/health  ready: {base}/ready  metrics: {base}/metrics",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    serve(app, sock, log_level=args.log_level, on_listening=announce)

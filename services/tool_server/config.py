@@ -1,0 +1,116 @@
+"""The tool server's configuration: one typed, validated dataclass with documented defaults."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+from services.cache import CacheSettings
+from services.exceptions import ConfigError
+from services.http import UpstreamSettings
+from services.tool_server import jina, serpapi, serper
+from services.tool_server.corpus import default_index_cache
+from services.tool_server.leakage import DEFAULT_NGRAM
+from services.tool_server.sessions import SessionSettings
+
+SearchBackend = Literal["offline", "serper", "serpapi"]
+ReaderBackend = Literal["offline", "jina", "direct"]
+SEARCH_BACKENDS: tuple[str, ...] = get_args(SearchBackend)
+READER_BACKENDS: tuple[str, ...] = get_args(ReaderBackend)
+
+
+@dataclass(frozen=True)
+class ToolServerConfig:
+    """Everything the tool server needs except secrets (those come from the environment only).
+
+    search / reader       which providers answer search and open/click
+    corpus                JSONL {url, title, text} for the offline providers; None = the
+                          default Wikipedia corpus of the `corpus` extra
+    index_cache_dir       where BM25 indexes are cached (None: build in memory every start)
+    call_deadline_s       total time for one tool call, retries and backoff included
+    default_results / max_results   search result counts (`num` is clamped to max_results)
+    page_chars            characters per page of `open` output; longer pages are paginated
+    blocked_domains       hosts (and their subdomains) never shown or opened
+    allowed_networks      CIDRs the URL guard trusts despite being private (e.g. an intranet mirror)
+    leakage_ngram         forbidden texts of at least this many words match by n-gram overlap
+    max_body_bytes        larger request bodies are refused with 413
+    """
+
+    search: SearchBackend = "offline"
+    reader: ReaderBackend = "offline"
+    corpus: Path | None = None
+    index_cache_dir: Path | None = field(default_factory=default_index_cache)
+    serper: UpstreamSettings = field(default_factory=lambda: UpstreamSettings(serper.DEFAULT_URL))
+    serpapi: UpstreamSettings = field(default_factory=lambda: UpstreamSettings(serpapi.DEFAULT_URL))
+    jina: UpstreamSettings = field(default_factory=lambda: UpstreamSettings(jina.DEFAULT_URL))
+    direct: UpstreamSettings = field(
+        default_factory=lambda: UpstreamSettings(
+            "", read_timeout_s=20.0, max_response_bytes=5_000_000
+        )
+    )
+    gl: str | None = None
+    hl: str | None = None
+    call_deadline_s: float = 60.0
+    default_results: int = 10
+    max_results: int = 20
+    page_chars: int = 10_000
+    search_cache: CacheSettings = field(default_factory=lambda: CacheSettings(max_entries=50_000))
+    page_cache: CacheSettings = field(default_factory=lambda: CacheSettings(max_entries=2_000))
+    sessions: SessionSettings = field(default_factory=SessionSettings)
+    blocked_domains: tuple[str, ...] = ()
+    allowed_networks: tuple[str, ...] = ()
+    leakage_ngram: int = DEFAULT_NGRAM
+    max_body_bytes: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.search not in SEARCH_BACKENDS:
+            raise ConfigError(
+                f"search: expected one of {', '.join(SEARCH_BACKENDS)}, got {self.search!r}"
+            )
+        if self.reader not in READER_BACKENDS:
+            raise ConfigError(
+                f"reader: expected one of {', '.join(READER_BACKENDS)}, got {self.reader!r}"
+            )
+        _positive("call_deadline_s", self.call_deadline_s)
+        _positive("default_results", self.default_results)
+        _positive("max_results", self.max_results)
+        _positive("page_chars", self.page_chars)
+        _positive("leakage_ngram", self.leakage_ngram)
+        _positive("max_body_bytes", self.max_body_bytes)
+        if self.default_results > self.max_results:
+            raise ConfigError("default_results: must not exceed max_results")
+        if self.page_chars < 200:
+            raise ConfigError(f"page_chars: expected at least 200, got {self.page_chars}")
+        for name, settings in (
+            ("serper", self.serper),
+            ("serpapi", self.serpapi),
+            ("jina", self.jina),
+            ("direct", self.direct),
+        ):
+            _positive(f"{name}.max_concurrency", settings.max_concurrency)
+            _positive(f"{name}.read_timeout_s", settings.read_timeout_s)
+            _positive(f"{name}.retry.max_attempts", settings.retry.max_attempts)
+        for cache_name, cache in (
+            ("search_cache", self.search_cache),
+            ("page_cache", self.page_cache),
+        ):
+            _positive(f"{cache_name}.max_entries", cache.max_entries)
+            _positive(f"{cache_name}.ttl_s", cache.ttl_s)
+        _positive("sessions.max_sessions", self.sessions.max_sessions)
+        _positive("sessions.ttl_s", self.sessions.ttl_s)
+        for network in self.allowed_networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"allowed_networks: {network!r} is not a network (expected CIDR like 10.1.0.0/16)"
+                ) from None
+        if self.corpus is not None and not Path(self.corpus).is_file():
+            raise ConfigError(f"corpus: {self.corpus} is not a file")
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{name}: expected a positive number, got {value!r}")

@@ -1,0 +1,75 @@
+"""Pages fetched by the server itself, for users with internet access but no reader key.
+
+Every hop is checked and pinned by the URL guard; redirects are followed by hand so each new
+location is checked before any connection is made to it.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from services.exceptions import PageUnavailable, URLRejected
+from services.http import Upstream, UpstreamSettings
+from services.metrics import ServiceMetrics
+from services.tool_server.html_text import html_to_text
+from services.tool_server.models import Page
+from services.tool_server.providers import ensure_readable
+from services.tool_server.urlguard import URLGuard
+
+MAX_REDIRECTS = 5
+USER_AGENT = "deepdive-slurm/0.1 (research agent reader)"
+_TEXT_TYPES = ("text/plain", "text/markdown")
+
+
+class DirectReader:
+    name = "direct"
+
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        guard: URLGuard,
+        *,
+        metrics: ServiceMetrics | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.guard = guard
+        self.upstream = Upstream(
+            self.name,
+            settings,
+            headers={"User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1"},
+            metrics=metrics,
+            transport=transport,
+        )
+
+    async def read(self, url: str, deadline: float) -> Page:
+        current = url
+        for _ in range(MAX_REDIRECTS + 1):
+            target = await self.guard.pin(current)
+            reply = await self.upstream.send(
+                "GET",
+                str(target.url),
+                headers=target.headers,
+                extensions=target.extensions,
+                deadline=deadline,
+            )
+            location = reply.headers.get("location")
+            if 300 <= reply.status_code < 400 and location:
+                current = str(httpx.URL(current).join(location))
+                continue
+            content_type = reply.headers.get("content-type", "").split(";")[0].strip().lower()
+            body = reply.content.decode(reply.response.encoding or "utf-8", errors="replace")
+            if content_type in _TEXT_TYPES:
+                return ensure_readable(Page(url=current, title="", text=body), self.name)
+            if content_type not in ("text/html", "application/xhtml+xml", ""):
+                raise PageUnavailable(
+                    f"cannot read {content_type or 'this kind of'} content as text"
+                )
+            title, text = html_to_text(body)
+            return ensure_readable(Page(url=current, title=title, text=text), self.name)
+        raise URLRejected(f"more than {MAX_REDIRECTS} redirects")
+
+    def not_ready_reason(self) -> str | None:
+        return None
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()

@@ -1,0 +1,70 @@
+"""Pages through the Jina reader: GET {base}/{url}, JSON {code, data: {title, url, content}}.
+
+Jina fetches the page, not us; the URL still passes the guard's syntax check (http/https, no
+literal private address) so the model cannot aim the reader at an internal host.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from services.exceptions import UpstreamBadResponse
+from services.http import Upstream, UpstreamSettings
+from services.metrics import ServiceMetrics
+from services.tool_server.models import Page
+from services.tool_server.providers import decode_json_object, ensure_readable
+from services.tool_server.urlguard import URLGuard
+
+KEY_ENV = "JINA_API_KEY"
+DEFAULT_URL = "https://r.jina.ai"
+_MAX_READER_TIMEOUT_S = 30
+
+
+class JinaReader:
+    name = "jina"
+
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        api_key: str | None,
+        guard: URLGuard,
+        *,
+        metrics: ServiceMetrics | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._has_key = api_key is not None
+        self.guard = guard
+        headers = {"Accept": "application/json", "X-Return-Format": "markdown"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.upstream = Upstream(
+            self.name,
+            settings,
+            headers=headers,
+            metrics=metrics,
+            transport=transport,
+            key_hint=KEY_ENV,
+        )
+
+    async def read(self, url: str, deadline: float) -> Page:
+        target = self.guard.check_syntax(url)
+        reader_timeout = str(min(_MAX_READER_TIMEOUT_S, int(self.upstream.settings.read_timeout_s)))
+        reply = await self.upstream.send(
+            "GET", f"/{target}", headers={"X-Timeout": reader_timeout}, deadline=deadline
+        )
+        data = decode_json_object(reply.content, self.name).get("data")
+        if not isinstance(data, dict) or not isinstance(data.get("content"), str):
+            raise UpstreamBadResponse(self.name, "the response has no data.content")
+        title = data.get("title")
+        page = Page(
+            url=str(data.get("url") or url),
+            title=title if isinstance(title, str) else "",
+            text=data["content"],
+        )
+        return ensure_readable(page, self.name)
+
+    def not_ready_reason(self) -> str | None:
+        return self.upstream.auth_failure
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()

@@ -1,0 +1,98 @@
+"""The values that flow through the tool server: requests, search results, pages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from services.exceptions import RequestError
+from services.tool_server.leakage import NormalizedText, normalize
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    title: str
+    url: str
+    snippet: str
+
+    @cached_property
+    def normalized(self) -> NormalizedText:
+        return normalize(f"{self.title}\n{self.url}\n{self.snippet}")
+
+
+@dataclass(frozen=True)
+class Page:
+    """A whole page as text. Split into model-sized pages only when it is shown."""
+
+    url: str
+    title: str
+    text: str
+
+    @cached_property
+    def normalized(self) -> NormalizedText:
+        return normalize(f"{self.title}\n{self.text}")
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    session_id: str
+    name: str
+    arguments: Any
+    forbidden_texts: tuple[str, ...] = field(default=())
+
+
+MAX_SESSION_ID_CHARS = 256
+_MISSING: Any = object()
+
+
+def parse_tool_request(body: Any) -> ToolRequest:
+    """Validate the client's envelope; raise `RequestError` naming the field and the expected type.
+
+    Only the envelope is the client's responsibility. `arguments` come from the model, so their
+    problems are reported to the model as observations later, not as HTTP errors.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {_kind(body)}")
+    session_id = body.get("session_id", _MISSING)
+    if not isinstance(session_id, str) or not session_id.strip():
+        raise RequestError(
+            f"field 'session_id': expected a non-empty string, got {_kind(session_id)}"
+        )
+    if len(session_id) > MAX_SESSION_ID_CHARS:
+        raise RequestError(f"field 'session_id': longer than {MAX_SESSION_ID_CHARS} characters")
+    name = body.get("name", _MISSING)
+    if not isinstance(name, str):
+        raise RequestError(f"field 'name': expected a string (the tool name), got {_kind(name)}")
+    arguments = body.get("arguments", {})
+    if arguments is None:
+        arguments = {}
+    env = body.get("remote_env_info", {})
+    if env is None:
+        env = {}
+    if not isinstance(env, dict):
+        raise RequestError(f"field 'remote_env_info': expected an object, got {_kind(env)}")
+    forbidden = env.get("forbidden_texts", [])
+    if forbidden is None:
+        forbidden = []
+    if not isinstance(forbidden, list) or not all(isinstance(t, str) for t in forbidden):
+        raise RequestError(
+            "field 'remote_env_info.forbidden_texts': expected a list of strings, "
+            f"got {_kind(forbidden)}"
+        )
+    return ToolRequest(session_id, name, arguments, tuple(forbidden))
+
+
+def _kind(value: Any) -> str:
+    if value is _MISSING:
+        return "nothing (the field is missing)"
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)

@@ -1,0 +1,44 @@
+"""Per-trajectory state: the latest search results, so `click` can open result k.
+
+Bounded in both directions: entries expire after `ttl_s` without use, and at most
+`max_sessions` are kept (least recently used dropped first), so a 3,000-step run whose
+trajectories never say goodbye cannot grow the server without bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cachetools import TTLCache
+
+from services.tool_server.models import SearchResult
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    max_sessions: int = 100_000
+    ttl_s: float = 3600.0
+
+
+class SessionStore:
+    def __init__(
+        self, settings: SessionSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._sessions: TTLCache[str, tuple[SearchResult, ...]] = TTLCache(
+            maxsize=settings.max_sessions, ttl=settings.ttl_s, timer=clock
+        )
+
+    def __len__(self) -> int:
+        self._sessions.expire()
+        return len(self._sessions)
+
+    def latest_results(self, session_id: str) -> tuple[SearchResult, ...] | None:
+        return self._sessions.get(session_id)
+
+    def remember_results(self, session_id: str, results: tuple[SearchResult, ...]) -> None:
+        self._sessions[session_id] = results
+
+    def close(self, session_id: str) -> bool:
+        return self._sessions.pop(session_id, None) is not None

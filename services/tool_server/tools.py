@@ -1,0 +1,212 @@
+"""The tools themselves: search, click, open (and DeepDive's start/close_session).
+
+Each call gets one total deadline. Results pass the domain blocklist and the leakage filter
+before the model sees them; the filter runs per request (each task forbids its own texts), on
+values that are cached across requests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import unicodedata
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from services.cache import AsyncCache, CacheOutcome
+from services.exceptions import (
+    ContentBlocked,
+    DeadlineExceeded,
+    InvalidArguments,
+    InvalidLinkId,
+    UnknownTool,
+)
+from services.metrics import ServiceMetrics
+from services.tool_server.config import ToolServerConfig
+from services.tool_server.formatting import format_page, format_results, split_pages
+from services.tool_server.leakage import DomainBlocklist, LeakageFilter
+from services.tool_server.models import Page, SearchResult, ToolRequest
+from services.tool_server.providers import PageReader, SearchProvider
+from services.tool_server.sessions import SessionStore
+from services.tool_server.urls import normalize_url
+
+TOOL_NAMES = ("search", "click", "open")
+_SESSION_TOOLS = ("start_session", "close_session")
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    text: str
+    cache: CacheOutcome | None = None
+
+
+class ToolExecutor:
+    def __init__(
+        self,
+        config: ToolServerConfig,
+        search: SearchProvider,
+        reader: PageReader,
+        metrics: ServiceMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.search_provider = search
+        self.reader = reader
+        self.search_cache: AsyncCache[tuple[SearchResult, ...]] = AsyncCache(
+            "search", config.search_cache, metrics
+        )
+        self.page_cache: AsyncCache[Page] = AsyncCache("page", config.page_cache, metrics)
+        self.sessions = SessionStore(config.sessions)
+        self.blocklist = DomainBlocklist(config.blocked_domains)
+        self._handlers: dict[str, Callable[[ToolRequest, float], Awaitable[ToolOutcome]]] = {
+            "search": self._search,
+            "click": self._click,
+            "open": self._open,
+            "start_session": self._start_session,
+            "close_session": self._close_session,
+        }
+
+    async def aclose(self) -> None:
+        await self.search_provider.aclose()
+        await self.reader.aclose()
+
+    def not_ready_reasons(self) -> dict[str, str]:
+        reasons = {}
+        for role, provider in (("search", self.search_provider), ("reader", self.reader)):
+            reason = provider.not_ready_reason()
+            if reason:
+                reasons[f"{role}:{provider.name}"] = reason
+        return reasons
+
+    async def call(self, request: ToolRequest) -> ToolOutcome:
+        """Run one tool call within the deadline. Raises `ToolError` for the model to read."""
+        handler = self._handlers.get(request.name)
+        if handler is None:
+            raise UnknownTool(
+                f"unknown tool {request.name[:64]!r}; the tools are {', '.join(TOOL_NAMES)}"
+            )
+        budget = self.config.call_deadline_s
+        try:
+            with anyio.fail_after(budget):
+                return await handler(request, time.monotonic() + budget)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"{request.name} took longer than {budget:g}s and was stopped; try again or "
+                "try something else"
+            ) from None
+
+    async def _search(self, request: ToolRequest, deadline: float) -> ToolOutcome:
+        args = _arguments(request, '{"query": "...", "num": 10}')
+        query = args.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidArguments('search needs a non-empty "query" string')
+        num = _int_argument(args, "num", self.config.default_results, minimum=1)
+        num = min(num, self.config.max_results)
+        query = query.strip()
+        key = (self.search_provider.name, normalize_query(query), num)
+
+        async def fetch() -> tuple[SearchResult, ...]:
+            return tuple(await self.search_provider.search(query, num, deadline))
+
+        results, outcome = await self.search_cache.get_or_compute(key, fetch)
+        leakage = LeakageFilter(request.forbidden_texts, self.config.leakage_ngram)
+        shown = tuple(
+            r
+            for r in results
+            if not self.blocklist.blocks(r.url) and not (leakage and leakage.matches(r.normalized))
+        )
+        self.sessions.remember_results(request.session_id, shown)
+        return ToolOutcome(format_results(shown), outcome)
+
+    async def _click(self, request: ToolRequest, deadline: float) -> ToolOutcome:
+        args = _arguments(request, '{"link_id": 1}')
+        if "link_id" not in args:
+            raise InvalidArguments(
+                'click needs "link_id": the number of a result of your latest search'
+            )
+        link_id = _int_argument(args, "link_id", 0, minimum=1)
+        results = self.sessions.latest_results(request.session_id)
+        if not results:
+            raise InvalidLinkId(
+                "there are no search results to click in this session; call search first"
+            )
+        if link_id > len(results):
+            raise InvalidLinkId(
+                f"link_id {link_id} is not among the latest results (1 to {len(results)})"
+            )
+        page_number = _int_argument(args, "page", 1, minimum=1)
+        return await self._show(results[link_id - 1].url, page_number, request, deadline)
+
+    async def _open(self, request: ToolRequest, deadline: float) -> ToolOutcome:
+        args = _arguments(request, '{"url": "https://...", "page": 1}')
+        url = args.get("url")
+        if not isinstance(url, str) or not url.strip():
+            raise InvalidArguments('open needs a "url" string')
+        page_number = _int_argument(args, "page", 1, minimum=1)
+        return await self._show(url.strip(), page_number, request, deadline)
+
+    async def _show(
+        self, url: str, page_number: int, request: ToolRequest, deadline: float
+    ) -> ToolOutcome:
+        if self.blocklist.blocks(url):
+            raise ContentBlocked("this site is blocked for this task; use another source")
+
+        async def fetch() -> Page:
+            return await self.reader.read(url, deadline)
+
+        page, outcome = await self.page_cache.get_or_compute(
+            (self.reader.name, normalize_url(url)), fetch
+        )
+        if self.blocklist.blocks(page.url):
+            raise ContentBlocked("this page redirects to a blocked site; use another source")
+        leakage = LeakageFilter(request.forbidden_texts, self.config.leakage_ngram)
+        if leakage and leakage.matches(page.normalized):
+            raise ContentBlocked(
+                "this page contains the task's own text and cannot be shown; use another source"
+            )
+        pieces = split_pages(page.text, self.config.page_chars)
+        if page_number > len(pieces):
+            raise InvalidArguments(
+                f"page {page_number} is past the end: this page has {len(pieces)} page(s)"
+            )
+        return ToolOutcome(format_page(page, pieces, page_number), outcome)
+
+    async def _start_session(self, request: ToolRequest, deadline: float) -> ToolOutcome:
+        return ToolOutcome("Successfully started session.")
+
+    async def _close_session(self, request: ToolRequest, deadline: float) -> ToolOutcome:
+        self.sessions.close(request.session_id)
+        return ToolOutcome(f"Successfully closed session {request.session_id}.")
+
+
+def normalize_query(query: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+def _arguments(request: ToolRequest, example: str) -> dict[str, Any]:
+    if not isinstance(request.arguments, dict):
+        raise InvalidArguments(f"{request.name} arguments must be a JSON object like {example}")
+    return request.arguments
+
+
+def _int_argument(args: dict[str, Any], name: str, default: int, minimum: int) -> int:
+    """An integer argument; numeric strings ("3") and whole floats (3.0) are accepted."""
+    value = args.get(name, default)
+    if value is None:
+        return default
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().isdigit() and len(value.strip()) < 10:
+        number = int(value.strip())
+    if number is None:
+        raise InvalidArguments(f'"{name}" must be a whole number, got {str(value)[:40]!r}')
+    if number < minimum:
+        raise InvalidArguments(f'"{name}" must be at least {minimum}, got {number}')
+    return number

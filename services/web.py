@@ -1,0 +1,125 @@
+"""Starlette pieces every service uses: orjson responses, bounded JSON bodies, bearer auth, probes.
+
+The contract for clients: malformed input is a 4xx whose JSON body names what is wrong; nothing
+ever answers with a traceback. An unexpected bug still answers 500 with a generic message (and
+is logged), so a client never sees internals.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from services.exceptions import PayloadTooLarge, RequestError
+from services.logs import log_event
+from services.metrics import ServiceMetrics
+
+logger = logging.getLogger("deepdive.web")
+
+TOKEN_ENV = "DEEPDIVE_SERVICE_TOKEN"  # noqa: S105 (a variable name, not a secret)
+
+
+def json_response(content: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def request_error_response(error: RequestError) -> Response:
+    return json_response(error_body(error.code, error.message), status_code=error.status_code)
+
+
+async def read_json_body(request: Request, max_bytes: int) -> Any:
+    """The request body parsed as JSON; 413 past `max_bytes`, 400 when it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes is over the {max_bytes}-byte limit"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"request body is over the {max_bytes}-byte limit")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body:
+        raise _bad_json("the request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _bad_json(f"the request body is not valid JSON: {exc}") from None
+
+
+def _bad_json(message: str) -> RequestError:
+    error = RequestError(message)
+    error.code = "invalid_json"
+    error.status_code = 400
+    return error
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> Response:
+    """Last resort: log the bug with its type, answer 500 without internals."""
+    log_event(
+        logger,
+        "internal_error",
+        logging.ERROR,
+        path=request.url.path,
+        error=type(exc).__name__,
+    )
+    logger.debug("internal error details", exc_info=exc)
+    return json_response(error_body("internal_error", "internal server error"), status_code=500)
+
+
+async def health(_: Request) -> Response:
+    """Liveness: the process answers. Readiness is /ready."""
+    return json_response({"status": "ok"})
+
+
+def metrics_endpoint(metrics: ServiceMetrics) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(_: Request) -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return endpoint
+
+
+class BearerAuthMiddleware:
+    """Require `Authorization: Bearer <token>` on every HTTP path except the liveness probe.
+
+    Pure ASGI (no BaseHTTPMiddleware) to keep the per-request cost to a header lookup.
+    """
+
+    def __init__(
+        self, app: ASGIApp, token: str, open_paths: frozenset[str] = frozenset({"/health"})
+    ):
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+        self._open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self._open_paths:
+            await self.app(scope, receive, send)
+            return
+        supplied = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                supplied = value
+                break
+        if hmac.compare_digest(supplied, self._expected):
+            await self.app(scope, receive, send)
+            return
+        response = json_response(
+            error_body("unauthorized", f"missing or wrong bearer token (see {TOKEN_ENV})"),
+            status_code=401,
+        )
+        await response(scope, receive, send)

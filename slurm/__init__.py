@@ -1,0 +1,1 @@
+"""The launcher: the `deepdive` command line; later, Slurm submission and node bootstrap."""

@@ -1,0 +1,48 @@
+"""The `deepdive` command. Each subcommand's options and behaviour live with the package that owns
+it; this module only assembles them and turns known errors into one clear line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from services.exceptions import ConfigError
+from services.tool_server import command as tool_server_command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deepdive",
+        description="Train DeepDive-style web-search agents with multi-turn GRPO on Slurm.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run one of the HTTP services")
+    services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
+    tools = services.add_parser(
+        "tools",
+        help="the tool server (search / click / open)",
+        description="Serve search, click and open over HTTP (POST /tool).",
+    )
+    tool_server_command.add_arguments(tools)
+    tools.set_defaults(handler=tool_server_command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], None] = args.handler
+    try:
+        handler(args)
+    except ConfigError as error:
+        print(f"deepdive: error: {error.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,7 +58,7 @@ def html_to_text(html: str) -> tuple[str, str]:
     parts: list[str] = []
     for node in root.traverse(include_text=True):
         if node.tag == "-text":
-            parts.append(node.text(deep=False))
+            parts.append(node.text(deep=False).replace("\n", " "))  # source newlines are spaces
         elif node.tag in _BLOCKS:
             parts.append("\n")
     lines = (_SPACES.sub(" ", line).strip() for line in "".join(parts).split("\n"))

@@ -65,8 +65,8 @@ def is_public_address(ip: IPAddress) -> bool:
             embedded = ip.teredo[1]
         if embedded is None and ip in _NAT64:
             embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None and not is_public_address(embedded):
-            return False
+        if embedded is not None:
+            return is_public_address(embedded)
     return ip.is_global and not ip.is_multicast and not ip.is_reserved
 
 
@@ -109,7 +109,8 @@ class URLGuard:
         if literal is not None:
             if not self.address_allowed(literal):
                 raise URLRejected("the URL points to a private or reserved address")
-        elif host in _BLOCKED_NAMES or host.endswith(_BLOCKED_SUFFIXES):
+        elif (host in _BLOCKED_NAMES or host.endswith(_BLOCKED_SUFFIXES)) and not self.allowed:
+            # With trusted networks configured, such names are judged by what they resolve to.
             raise URLRejected("the URL points to a local or internal host name")
         return parsed
 

@@ -1,0 +1,175 @@
+"""The shared upstream client against a real HTTP server (pytest-httpserver) on loopback."""
+
+import logging
+import time
+
+import pytest
+from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
+
+from services.exceptions import (
+    UpstreamAuthError,
+    UpstreamBadResponse,
+    UpstreamRateLimited,
+    UpstreamUnavailable,
+)
+from services.http import RetryPolicy, Upstream, UpstreamSettings, parse_retry_after
+from services.metrics import ServiceMetrics
+
+FAST = RetryPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.02)
+
+
+def upstream(httpserver: HTTPServer, **kwargs: object) -> Upstream:
+    settings = UpstreamSettings(httpserver.url_for(""), retry=FAST, read_timeout_s=5)
+    for key, value in kwargs.items():
+        settings = UpstreamSettings(**{**settings.__dict__, key: value})
+    return Upstream("fake", settings, metrics=ServiceMetrics("test"), key_hint="FAKE_KEY")
+
+
+def test_parse_retry_after() -> None:
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(" 0.5 ") == 0.5
+    assert parse_retry_after("-4") == 0.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+@pytest.mark.anyio
+async def test_429_with_retry_after_is_honoured_then_succeeds(httpserver: HTTPServer) -> None:
+    httpserver.expect_ordered_request("/x").respond_with_data(
+        "slow down", status=429, headers={"Retry-After": "0.3"}
+    )
+    httpserver.expect_ordered_request("/x").respond_with_json({"ok": True})
+    client = upstream(httpserver)
+    started = time.monotonic()
+    reply = await client.send("GET", "/x")
+    assert reply.status_code == 200 and b'"ok": true' in reply.content
+    assert time.monotonic() - started >= 0.3
+    assert len(httpserver.log) == 2
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_500_forever_gives_up_after_max_attempts(httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/x").respond_with_data("boom", status=500)
+    client = upstream(httpserver)
+    with pytest.raises(UpstreamUnavailable, match="HTTP 500 after 4 attempts"):
+        await client.send("GET", "/x")
+    assert len(httpserver.log) == 4
+    text = client.metrics.render().decode() if client.metrics else ""
+    assert 'deepdive_test_upstream_calls_total{upstream="fake"} 4.0' in text
+    assert 'deepdive_test_upstream_errors_total{kind="upstream_unavailable",upstream="fake"} 4.0' in text
+    await client.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("status", [401, 402, 403])
+async def test_auth_errors_are_not_retried_and_reported_once(
+    httpserver: HTTPServer, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    httpserver.expect_request("/x").respond_with_data("no", status=status)
+    client = upstream(httpserver)
+    with caplog.at_level(logging.ERROR, logger="deepdive.upstream"):
+        for _ in range(3):
+            with pytest.raises(UpstreamAuthError, match="check FAKE_KEY"):
+                await client.send("GET", "/x")
+    assert len(httpserver.log) == 3  # one request per call, never a retry
+    assert len([r for r in caplog.records if "upstream_auth_failed" in r.message]) == 1
+    assert client.auth_failure is not None and str(status) in client.auth_failure
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_other_4xx_is_not_retried(httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/x").respond_with_data("bad", status=400)
+    client = upstream(httpserver)
+    with pytest.raises(UpstreamBadResponse, match="HTTP 400"):
+        await client.send("GET", "/x")
+    assert len(httpserver.log) == 1
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_retry_after_past_the_deadline_fails_fast(httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/x").respond_with_data(
+        "later", status=429, headers={"Retry-After": "5"}
+    )
+    client = upstream(httpserver)
+    started = time.monotonic()
+    with pytest.raises(UpstreamRateLimited, match="no time left"):
+        await client.send("GET", "/x", deadline=time.monotonic() + 1.0)
+    assert time.monotonic() - started < 0.5
+    assert len(httpserver.log) == 1
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_retry_after_over_the_cap_is_not_waited_for(httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/x").respond_with_data(
+        "later", status=429, headers={"Retry-After": "3600"}
+    )
+    client = upstream(httpserver)
+    with pytest.raises(UpstreamRateLimited, match="too long"):
+        await client.send("GET", "/x")
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_slow_response_is_cut_at_the_deadline(httpserver: HTTPServer) -> None:
+    def slow(_: Request) -> Response:
+        time.sleep(1.5)
+        return Response("late")
+
+    httpserver.expect_request("/x").respond_with_handler(slow)
+    client = upstream(httpserver)
+    started = time.monotonic()
+    with pytest.raises(UpstreamUnavailable, match="Timeout"):
+        await client.send("GET", "/x", deadline=time.monotonic() + 0.4)
+    assert time.monotonic() - started < 1.2
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_transport_errors_are_retried_then_reported() -> None:
+    settings = UpstreamSettings("http://127.0.0.1:9", retry=FAST, connect_timeout_s=1)
+    client = Upstream("closed", settings)
+    with pytest.raises(UpstreamUnavailable, match="ConnectError"):
+        await client.send("GET", "/")
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_oversized_responses_are_refused(httpserver: HTTPServer) -> None:
+    httpserver.expect_request("/x").respond_with_data("x" * 5000)
+    client = upstream(httpserver, max_response_bytes=1000)
+    with pytest.raises(UpstreamBadResponse, match="larger than 1000 bytes"):
+        await client.send("GET", "/x")
+    await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_concurrency_is_bounded(httpserver: HTTPServer) -> None:
+    import asyncio
+    import threading
+
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def handler(_: Request) -> Response:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return Response("ok")
+
+    httpserver.expect_request("/x").respond_with_handler(handler)
+    client = upstream(httpserver, max_concurrency=2)
+    await asyncio.gather(*(client.send("GET", "/x") for _ in range(8)))
+    assert peak <= 2
+    assert len(httpserver.log) == 8
+    await client.aclose()

@@ -28,10 +28,11 @@ from services.exceptions import (
     UpstreamRateLimited,
     UpstreamUnavailable,
 )
-from services.logs import log_event, redact
+from services.logs import log_event, redact, redact_third_party_loggers
 from services.metrics import ServiceMetrics
 
 logger = logging.getLogger("deepdive.upstream")
+redact_third_party_loggers()
 
 _AUTH_STATUSES = frozenset({401, 402, 403})
 

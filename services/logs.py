@@ -50,6 +50,25 @@ def log_event(
         logger.log(level, format_fields(event, fields))
 
 
+class RedactingFilter(logging.Filter):
+    """Redact a record at its source logger, whatever handler (ours, pytest's, a user's) gets it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+def redact_third_party_loggers() -> None:
+    """httpx logs each request URL at INFO (SerpAPI's key is in it): redact at the source."""
+    for name in ("httpx", "httpcore"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in target.filters):
+            target.addFilter(RedactingFilter())
+
+
 class RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from services.exceptions import RequestError, ToolError
-from services.logs import log_event
+from services.logs import log_event, redact
 from services.metrics import ServiceMetrics
 from services.tool_server.models import parse_tool_request
 from services.tool_server.tools import ToolExecutor
@@ -57,8 +57,9 @@ def create_app(
             outcome = await executor.call(call)
         except ToolError as error:
             _record(metrics, name, error.code, started, call.session_id, cache=None)
-            body = {"output": error.message, "observation": error.message}
-            body.update(error_body(error.code, error.message))
+            message = redact(error.message)  # an upstream may echo a key back in its error
+            body = {"output": message, "observation": message}
+            body.update(error_body(error.code, message))
             return json_response(body)
         _record(metrics, name, "ok", started, call.session_id, outcome.cache)
         return json_response({"output": outcome.text, "observation": outcome.text})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 
 from services.exceptions import UpstreamAuthError, UpstreamBadResponse, UpstreamError
+from services.logs import redact, register_secret
 from services.http import Upstream, UpstreamReply, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
@@ -46,6 +47,7 @@ class SerpApiSearch:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._api_key = api_key
+        register_secret(api_key)  # it travels in the query string: keep it out of every message
         self._locale = {k: v for k, v in (("gl", gl), ("hl", hl)) if v}
         self.upstream = Upstream(
             self.name,
@@ -71,7 +73,7 @@ class SerpApiSearch:
         if error is not None:
             if _NO_RESULTS in str(error):
                 return []
-            raise UpstreamBadResponse(self.name, f"API error: {str(error)[:200]}")
+            raise UpstreamBadResponse(self.name, f"API error: {redact(str(error))[:200]}")
         return results_from_items(data.get("organic_results"), self.name, num)
 
     def not_ready_reason(self) -> str | None:

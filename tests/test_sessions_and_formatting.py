@@ -41,7 +41,9 @@ def test_close_forgets_a_session() -> None:
 
 
 def test_results_are_numbered_from_one_in_deepdive_format() -> None:
-    text = format_results([SearchResult("A", "https://a/", "sa"), SearchResult("B", "https://b/", "sb")])
+    text = format_results(
+        [SearchResult("A", "https://a/", "sa"), SearchResult("B", "https://b/", "sb")]
+    )
     assert text == "【1】A\nhttps://a/\nsa\n\n【2】B\nhttps://b/\nsb"
     assert format_results([]) == NO_RESULTS
 

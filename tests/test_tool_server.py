@@ -18,7 +18,9 @@ from services.tool_server.tools import ToolExecutor
 from tests.conftest import DOCUMENTS, FORBIDDEN_QUESTION, serve_in_thread
 
 
-def make_app(corpus_file: Path, tmp_path: Path, token: str | None = None, **overrides: Any) -> Starlette:
+def make_app(
+    corpus_file: Path, tmp_path: Path, token: str | None = None, **overrides: Any
+) -> Starlette:
     config = ToolServerConfig(
         corpus=corpus_file,
         index_cache_dir=tmp_path / "index",
@@ -37,8 +39,12 @@ def client(corpus_file: Path, tmp_path: Path) -> Iterator[httpx.Client]:
         yield c
 
 
-def call(client: httpx.Client, name: str, arguments: Any, session: str = "s1", **extra: Any) -> dict[str, Any]:
-    response = client.post("/tool", json={"session_id": session, "name": name, "arguments": arguments, **extra})
+def call(
+    client: httpx.Client, name: str, arguments: Any, session: str = "s1", **extra: Any
+) -> dict[str, Any]:
+    response = client.post(
+        "/tool", json={"session_id": session, "name": name, "arguments": arguments, **extra}
+    )
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     assert body["output"] == body["observation"]
@@ -48,10 +54,14 @@ def call(client: httpx.Client, name: str, arguments: Any, session: str = "s1", *
 def test_search_then_click_a_string_link_id(client: httpx.Client) -> None:
     body = call(client, "search", {"query": "silver orrery Haldor", "num": 3})
     assert "error" not in body
-    assert body["output"].startswith("【1】Orrery of Haldor\nhttps://wiki.example/Orrery_of_Haldor\n")
+    assert body["output"].startswith(
+        "【1】Orrery of Haldor\nhttps://wiki.example/Orrery_of_Haldor\n"
+    )
     assert "【3】" not in body["output"] or body["output"].count("【") <= 3
     clicked = call(client, "click", {"link_id": "1"})
-    assert clicked["output"].startswith("Title: Orrery of Haldor\nURL: https://wiki.example/Orrery_of_Haldor\n\n")
+    assert clicked["output"].startswith(
+        "Title: Orrery of Haldor\nURL: https://wiki.example/Orrery_of_Haldor\n\n"
+    )
     assert "Ilse Varen" in clicked["output"]
 
 
@@ -71,10 +81,14 @@ def test_close_session_forgets_results(client: httpx.Client) -> None:
 
 
 def test_leakage_filter_drops_results_and_refuses_pages(client: httpx.Client) -> None:
-    env = {"remote_env_info": {"forbidden_texts": [FORBIDDEN_QUESTION]}}
-    plain = call(client, "search", {"query": "clockmaker Vorn orrery museum Haldor quiz", "num": 10})
+    env: dict[str, Any] = {"remote_env_info": {"forbidden_texts": [FORBIDDEN_QUESTION]}}
+    plain = call(
+        client, "search", {"query": "clockmaker Vorn orrery museum Haldor quiz", "num": 10}
+    )
     assert "quiz.example/leak" in plain["output"]
-    filtered = call(client, "search", {"query": "clockmaker Vorn orrery museum Haldor quiz", "num": 10}, **env)
+    filtered = call(
+        client, "search", {"query": "clockmaker Vorn orrery museum Haldor quiz", "num": 10}, **env
+    )
     assert "quiz.example/leak" not in filtered["output"]
     assert "wiki.example/Orrery_of_Haldor" in filtered["output"]
     refused = call(client, "open", {"url": "https://quiz.example/leak"}, **env)
@@ -85,7 +99,10 @@ def test_leakage_filter_drops_results_and_refuses_pages(client: httpx.Client) ->
 def test_blocked_domains_never_show_or_open(client: httpx.Client) -> None:
     body = call(client, "search", {"query": "valley of Vorn clockmakers", "num": 10})
     assert "blocked.example" not in body["output"]
-    assert call(client, "open", {"url": "https://sub.blocked.example/Vorn"})["error"]["code"] == "content_blocked"
+    assert (
+        call(client, "open", {"url": "https://sub.blocked.example/Vorn"})["error"]["code"]
+        == "content_blocked"
+    )
 
 
 def test_long_pages_are_paginated_not_truncated(client: httpx.Client) -> None:
@@ -93,7 +110,8 @@ def test_long_pages_are_paginated_not_truncated(client: httpx.Client) -> None:
     assert "Page 1 of 7" in first["output"]
     assert 'call open with {"url":"https://wiki.example/Haldor","page":2}' in first["output"]
     pages = [first["output"]] + [
-        call(client, "open", {"url": "https://wiki.example/Haldor", "page": n})["output"] for n in range(2, 8)
+        call(client, "open", {"url": "https://wiki.example/Haldor", "page": n})["output"]
+        for n in range(2, 8)
     ]
     bodies = [p.split("\n\n", 1)[1].rsplit("\n\n[Page ", 1)[0] for p in pages]
     expected = next(d["text"] for d in DOCUMENTS if d["url"] == "https://wiki.example/Haldor")
@@ -136,7 +154,11 @@ def test_model_mistakes_are_observations_with_an_error_code(
         (b'{"session_id": 7, "name": "search"}', 422, "got an integer"),
         (b'{"session_id": "s"}', 422, "'name'"),
         (b'{"session_id": "s", "name": "search", "remote_env_info": []}', 422, "'remote_env_info'"),
-        (b'{"session_id": "s", "name": "search", "remote_env_info": {"forbidden_texts": "q"}}', 422, "forbidden_texts"),
+        (
+            b'{"session_id": "s", "name": "search", "remote_env_info": {"forbidden_texts": "q"}}',
+            422,
+            "forbidden_texts",
+        ),
     ],
 )
 def test_malformed_envelopes_are_4xx_naming_the_field(
@@ -164,7 +186,11 @@ def test_oversized_bodies_are_refused_with_413(corpus_file: Path, tmp_path: Path
 
 def test_probes_and_metrics(client: httpx.Client) -> None:
     assert client.get("/health").json() == {"status": "ok"}
-    assert client.get("/ready").json() == {"status": "ready", "search": "offline", "reader": "offline"}
+    assert client.get("/ready").json() == {
+        "status": "ready",
+        "search": "offline",
+        "reader": "offline",
+    }
     call(client, "search", {"query": "orrery"})
     call(client, "search", {"query": "  ORRERY "})  # same normalised query: a cache hit
     call(client, "open", {"url": "https://nowhere.example/"})
@@ -176,7 +202,9 @@ def test_probes_and_metrics(client: httpx.Client) -> None:
 
 
 def test_the_root_path_accepts_deepdive_clients(client: httpx.Client) -> None:
-    response = client.post("/", json={"session_id": "s", "name": "search", "arguments": {"query": "orrery"}})
+    response = client.post(
+        "/", json={"session_id": "s", "name": "search", "arguments": {"query": "orrery"}}
+    )
     assert response.status_code == 200 and "Orrery" in response.json()["output"]
 
 

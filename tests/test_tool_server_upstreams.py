@@ -33,14 +33,20 @@ FAST = RetryPolicy(max_attempts=3, base_delay_s=0.01, max_delay_s=0.05)
 def organic(query: str) -> dict[str, Any]:
     return {
         "organic": [
-            {"title": f"{query} {i}", "link": f"https://r{i}.example/{query.replace(' ', '-')}", "snippet": f"about {query}"}
+            {
+                "title": f"{query} {i}",
+                "link": f"https://r{i}.example/{query.replace(' ', '-')}",
+                "snippet": f"about {query}",
+            }
             for i in range(1, 4)
         ]
     }
 
 
 @contextmanager
-def tool_server(httpserver: HTTPServer, search: str = "serper", **overrides: Any) -> Iterator[httpx.Client]:
+def tool_server(
+    httpserver: HTTPServer, search: str = "serper", **overrides: Any
+) -> Iterator[httpx.Client]:
     upstream = UpstreamSettings(httpserver.url_for(""), retry=FAST, read_timeout_s=5)
     config = ToolServerConfig(
         search=search,  # type: ignore[arg-type]
@@ -65,8 +71,12 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JINA_API_KEY", JINA_KEY)
 
 
-def post(client: httpx.Client, session: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    response = client.post("/tool", json={"session_id": session, "name": name, "arguments": arguments})
+def post(
+    client: httpx.Client, session: str, name: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    response = client.post(
+        "/tool", json={"session_id": session, "name": name, "arguments": arguments}
+    )
     assert response.status_code == 200
     body: dict[str, Any] = response.json()
     return body
@@ -97,14 +107,19 @@ def test_a_grpo_group_pays_for_each_distinct_query_once(httpserver: HTTPServer) 
         assert all(r == results[0] for r in results)
         assert sorted(queries) == sorted(["orrery Haldor", "Ilse Varen clockmaker", "Vorn valley"])
         # every sample kept its own results for click
-        page = {"code": 200, "data": {"title": "Vorn", "url": "https://r1.example/Vorn-valley", "content": "text"}}
+        page = {
+            "code": 200,
+            "data": {"title": "Vorn", "url": "https://r1.example/Vorn-valley", "content": "text"},
+        }
         httpserver.expect_request("/https://r1.example/Vorn-valley").respond_with_json(page)
         clicked = post(client, "sample-5", "click", {"link_id": 1})
         assert clicked["output"] == "Title: Vorn\nURL: https://r1.example/Vorn-valley\n\ntext"
 
 
 def test_rate_limited_then_served(httpserver: HTTPServer) -> None:
-    httpserver.expect_ordered_request("/search").respond_with_data("", status=429, headers={"Retry-After": "0.2"})
+    httpserver.expect_ordered_request("/search").respond_with_data(
+        "", status=429, headers={"Retry-After": "0.2"}
+    )
     httpserver.expect_ordered_request("/search").respond_with_json(organic("q"))
     with tool_server(httpserver) as client:
         body = post(client, "s", "search", {"query": "q"})
@@ -167,10 +182,15 @@ def test_auth_failure_turns_ready_off_and_is_reported_once(
     assert sum("upstream_auth_failed" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_keys_never_reach_logs_or_responses(httpserver: HTTPServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_keys_never_reach_logs_or_responses(
+    httpserver: HTTPServer, caplog: pytest.LogCaptureFixture
+) -> None:
     def echo_key(request: Request) -> Response:  # a hostile upstream that echoes the key back
         key = request.args.get("api_key", "")
-        return Response(json.dumps({"error": f"Invalid API key {key} for this plan"}), content_type="application/json")
+        return Response(
+            json.dumps({"error": f"Invalid API key {key} for this plan"}),
+            content_type="application/json",
+        )
 
     httpserver.expect_request("/search.json").respond_with_handler(echo_key)
     with caplog.at_level(logging.DEBUG), tool_server(httpserver, search="serpapi") as client:
@@ -178,7 +198,9 @@ def test_keys_never_reach_logs_or_responses(httpserver: HTTPServer, caplog: pyte
         metrics = client.get("/metrics").text
     assert body["error"]["code"] == "upstream_bad_response"
     assert httpserver.log[0][0].args["api_key"] == SERPAPI_KEY  # the key did reach the upstream
-    ours = [r.getMessage() for r in caplog.records if r.name != "werkzeug"]  # werkzeug = the fake SerpAPI
+    ours = [
+        r.getMessage() for r in caplog.records if r.name != "werkzeug"
+    ]  # werkzeug = the fake SerpAPI
     everything = json.dumps(body) + metrics + "\n".join(ours)
     for key in (SERPER_KEY, SERPAPI_KEY, JINA_KEY):
         assert key not in everything

@@ -59,7 +59,10 @@ async def test_500_forever_gives_up_after_max_attempts(httpserver: HTTPServer) -
     assert len(httpserver.log) == 4
     text = client.metrics.render().decode() if client.metrics else ""
     assert 'deepdive_test_upstream_calls_total{upstream="fake"} 4.0' in text
-    assert 'deepdive_test_upstream_errors_total{kind="upstream_unavailable",upstream="fake"} 4.0' in text
+    assert (
+        'deepdive_test_upstream_errors_total{kind="upstream_unavailable",upstream="fake"} 4.0'
+        in text
+    )
     await client.aclose()
 
 

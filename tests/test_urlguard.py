@@ -96,7 +96,10 @@ async def test_pin_checks_the_resolved_address(tmp_path: object) -> None:
 
     name = socket.gethostname()
     address = socket.gethostbyname(name)
-    if not ipaddress.ip_address(address).is_private and not ipaddress.ip_address(address).is_loopback:
+    if (
+        not ipaddress.ip_address(address).is_private
+        and not ipaddress.ip_address(address).is_loopback
+    ):
         pytest.skip("this host name resolves to a public address")
     with pytest.raises(URLRejected, match="resolves to a private"):
         await URLGuard().pin(f"https://{name}/")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 
 from services.exceptions import UpstreamAuthError, UpstreamBadResponse, UpstreamError
-from services.logs import redact, register_secret
 from services.http import Upstream, UpstreamReply, UpstreamSettings
+from services.logs import redact, register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
 from services.tool_server.providers import decode_json_object, results_from_items

@@ -24,11 +24,16 @@ CacheOutcome = Literal["hit", "miss", "shared"]
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """Entries kept at most (LRU beyond), how long a value lives, how long a failure lives."""
+    """Entries kept at most (LRU beyond), how long a value lives, how long a failure lives.
+
+    `enabled=False` turns caching and call collapsing off (every call goes upstream), for
+    debugging a provider and for measuring what the cache saves.
+    """
 
     max_entries: int = 10_000
     ttl_s: float = 3600.0
     failure_ttl_s: float = 10.0
+    enabled: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class AsyncCache(Generic[V]):
         self, key: Hashable, compute: Callable[[], Awaitable[V]]
     ) -> tuple[V, CacheOutcome]:
         """Raises the cached or fresh `ToolError` when the computation failed."""
+        if not self.settings.enabled:
+            self._count(hit=False)
+            return await compute(), "miss"
         entry = self._entries.get(key)
         if entry is not None:
             self._count(hit=True)

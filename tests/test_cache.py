@@ -120,3 +120,21 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_call() -> None:
     impatient.cancel()
     assert await patient == ("done", "shared")
     assert await cache.get_or_compute("k", compute) == ("done", "hit")
+
+
+@pytest.mark.anyio
+async def test_a_disabled_cache_always_computes() -> None:
+    calls = 0
+
+    async def compute() -> int:
+        nonlocal calls
+        calls += 1
+        return calls
+
+    cache: AsyncCache[int] = AsyncCache("t", CacheSettings(enabled=False))
+    assert [await cache.get_or_compute("k", compute) for _ in range(3)] == [
+        (1, "miss"),
+        (2, "miss"),
+        (3, "miss"),
+    ]
+    assert len(cache) == 0

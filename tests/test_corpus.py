@@ -63,3 +63,10 @@ def test_default_wikipedia_corpus_is_available() -> None:
     by_title = {d.title: d for d in documents}
     assert by_title["Ada Lovelace"].url == "https://en.wikipedia.org/wiki/Ada_Lovelace"
     assert "mathematician" in by_title["Ada Lovelace"].text
+
+
+def test_a_corpus_without_searchable_words_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"url": "https://a/", "title": "", "text": "a b c the of"}\n')
+    with pytest.raises(ConfigError, match="no searchable words"):
+        CorpusIndex.open(read_jsonl_corpus(path), None, show_progress=False)

@@ -7,7 +7,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from services.cache import CacheSettings
 from services.http import UpstreamSettings
 from services.logs import configure_logging
 from services.metrics import ServiceMetrics
@@ -86,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a search result or page stays cached (default: %(default)s)",
     )
     parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="send every call upstream (no caching, no collapsing of identical calls)",
+    )
+    parser.add_argument(
         "--block-domain",
         action="append",
         default=[],
@@ -151,8 +155,8 @@ def config_from_args(args: argparse.Namespace) -> ToolServerConfig:
         hl=args.hl,
         call_deadline_s=args.deadline,
         page_chars=args.page_chars,
-        search_cache=CacheSettings(base.search_cache.max_entries, args.cache_ttl),
-        page_cache=CacheSettings(base.page_cache.max_entries, args.cache_ttl),
+        search_cache=replace(base.search_cache, ttl_s=args.cache_ttl, enabled=not args.no_cache),
+        page_cache=replace(base.page_cache, ttl_s=args.cache_ttl, enabled=not args.no_cache),
         blocked_domains=tuple(args.block_domain),
         allowed_networks=tuple(args.allow_network),
     )

@@ -180,6 +180,11 @@ class CorpusIndex:
             for chunk in _chunks(documents):
                 tokens.extend(_tokenize([_index_text(doc) for doc in chunk]))
                 progress.advance(task, len(chunk))
+        if not any(tokens):
+            raise ConfigError(
+                "the corpus has no searchable words (every text is empty, stopwords "
+                "or one-letter tokens)"
+            )
         retriever = bm25s.BM25()
         retriever.index(tokens, show_progress=False)
         return retriever

@@ -1,0 +1,73 @@
+"""`make bench`: run every benchmark, print a table each, save JSON under benchmarks/results/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks import tool_server
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def show_tool_server(console: Console, results: dict[str, Any]) -> None:
+    title = (
+        f"tool server: upstream latency {results['upstream_latency_ms']:.0f} ms, server on one core"
+    )
+    table = Table(title=title)
+    columns = (
+        "mode",
+        "sessions",
+        "calls/s",
+        "upstream calls",
+        "server CPU ms/call",
+        "p50 ms",
+        "p99 ms",
+        "added p50",
+        "added p99",
+        "errors",
+        "timeouts",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    for run in results["runs"]:
+        table.add_row(
+            run["mode"],
+            str(run["sessions"]),
+            f"{run['calls_per_s']:.0f}",
+            f"{run['upstream_calls']}/{run['requests']}",
+            f"{run['server_cpu_ms_per_call']:.2f}",
+            f"{run['p50_ms']:.1f}",
+            f"{run['p99_ms']:.1f}",
+            str(run.get("added_p50_ms", "-")),
+            str(run.get("added_p99_ms", "-")),
+            str(run["errors"]),
+            str(run["timeouts"]),
+        )
+    console.print(table)
+    console.print(
+        f"GRPO group replay ({tool_server.GROUP_SIZE} samples of one prompt, "
+        f"{results['group_distinct_queries']} distinct queries): "
+        f"{results['group_calls_with_cache']} upstream calls with the cache, "
+        f"{results['group_calls_without_cache']} without"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
+    args = parser.parse_args()
+    console = Console(width=140)
+    RESULTS.mkdir(exist_ok=True)
+    results = tool_server.run(seconds=args.seconds)
+    (RESULTS / "tool_server.json").write_text(json.dumps(results, indent=2))
+    show_tool_server(console, results)
+
+
+if __name__ == "__main__":
+    main()

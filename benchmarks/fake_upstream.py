@@ -1,0 +1,72 @@
+"""A Serper-compatible search API with a fixed latency, counting the calls it receives.
+
+Run: python -m benchmarks.fake_upstream --port 9100 --latency 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+
+def create_app(latency_s: float) -> Starlette:
+    calls: list[str] = []
+
+    async def search(request: Request) -> Response:
+        query = orjson.loads(await request.body())["q"]
+        calls.append(query)
+        await asyncio.sleep(latency_s)
+        organic = [
+            {
+                "title": f"{query} result {i}",
+                "link": f"https://r{i}.example/{len(calls)}",
+                "snippet": f"about {query}",
+                "position": i,
+            }
+            for i in range(1, 11)
+        ]
+        return Response(orjson.dumps({"organic": organic}), media_type="application/json")
+
+    async def stats(_: Request) -> Response:
+        return Response(
+            orjson.dumps({"calls": len(calls), "distinct": len(set(calls))}),
+            media_type="application/json",
+        )
+
+    async def reset(_: Request) -> Response:
+        calls.clear()
+        return Response(b"{}", media_type="application/json")
+
+    return Starlette(
+        routes=[
+            Route("/search", search, methods=["POST"]),
+            Route("/stats", stats, methods=["GET"]),
+            Route("/reset", reset, methods=["POST"]),
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--latency", type=float, default=0.05)
+    args = parser.parse_args()
+    uvicorn.run(
+        create_app(args.latency),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+    )
+
+
+if __name__ == "__main__":
+    main()

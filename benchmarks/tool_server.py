@@ -1,0 +1,214 @@
+"""Tool server throughput and added latency, and what the cache saves on a GRPO group.
+
+Layout on a 2-core machine: the tool server alone on core 0; the fake upstream (fixed latency)
+and the load generator (wrk) on core 1. Each concurrent session is one wrk connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from benchmarks.harness import cpu_seconds, free_port, pinned, process, python_module
+
+UPSTREAM_LATENCY_S = 0.05
+SESSIONS = (64, 256, 1024)
+LUA = Path(__file__).with_name("load.lua")
+GROUP_SIZE = 8
+SHARED_QUERIES = ("orrery of haldor", "ilse varen clockmaker", "vorn valley museum")
+OWN_QUERIES_PER_SAMPLE = 2
+
+
+def write_corpus(path: Path) -> None:
+    docs = [
+        {
+            "url": f"https://bench.example/{i}",
+            "title": f"Document {i}",
+            "text": f"Text of document {i} about orreries.",
+        }
+        for i in range(200)
+    ]
+    path.write_bytes(b"\n".join(orjson.dumps(d) for d in docs) + b"\n")
+
+
+def tool_server_command(
+    port: int, upstream: str, corpus: Path, cache_dir: Path, *extra: str
+) -> list[str]:
+    return python_module(
+        "slurm.cli",
+        "serve",
+        "tools",
+        "--port",
+        str(port),
+        "--search",
+        "serper",
+        "--serper-url",
+        upstream,
+        "--reader",
+        "offline",
+        "--corpus",
+        str(corpus),
+        "--index-cache",
+        str(cache_dir),
+        "--max-concurrency",
+        "1024",
+        *extra,
+    )
+
+
+def run_wrk(
+    server_pid: int,
+    base: str,
+    upstream: str,
+    mode: str,
+    sessions: int,
+    seconds: int,
+    think_ms: int = 0,
+) -> dict[str, Any]:
+    """One wrk run; also counts the calls that reached the upstream and the server's CPU time."""
+    before = httpx.get(f"{upstream}/stats").json()["calls"]
+    cpu_before = cpu_seconds(server_pid)
+    nonce = uuid.uuid4().hex[:8]  # this run's queries were never asked before
+    wrk = ["wrk", "-t", "2", "-c", str(sessions), "-d", f"{seconds}s", "--timeout", "10s"]
+    script = ["-s", str(LUA), f"{base}/tool", "--", mode, nonce, str(think_ms)]
+    command = pinned(wrk + script, core=1)
+    out = subprocess.run(
+        command, capture_output=True, text=True, timeout=seconds + 60, check=True
+    ).stdout
+    match = re.search(r"^RESULT (\{.*\})$", out, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{out}")
+    raw = json.loads(match.group(1))
+    seconds_run = raw["duration_us"] / 1e6
+    errors = sum(
+        raw[k]
+        for k in (
+            "connect_errors",
+            "read_errors",
+            "write_errors",
+            "status_errors",
+            "timeouts",
+            "error_bodies",
+        )
+    )
+    time.sleep(1)  # let calls still in flight reach the upstream before counting
+    upstream_calls = httpx.get(f"{upstream}/stats").json()["calls"] - before
+    cpu_ms = (cpu_seconds(server_pid) - cpu_before) * 1000
+    return {
+        "mode": mode if not think_ms else f"{mode}+{think_ms}ms think",
+        "sessions": sessions,
+        "upstream_calls": upstream_calls,
+        "calls_per_s": round(raw["requests"] / seconds_run, 1),
+        "p50_ms": raw["p50_us"] / 1000,
+        "p99_ms": raw["p99_us"] / 1000,
+        "max_ms": raw["max_us"] / 1000,
+        "errors": errors,
+        "timeouts": raw["timeouts"],
+        "requests": raw["requests"],
+        "server_cpu_ms_per_call": round(cpu_ms / max(1, raw["requests"]), 3),
+    }
+
+
+async def replay_group(base: str, upstream: str) -> int:
+    """8 samples of one prompt: the same 3 first searches at once, then 2 searches of their own."""
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        await client.post(f"{upstream}/reset")
+
+        async def sample(k: int) -> None:
+            for query in SHARED_QUERIES:
+                await client.post(
+                    "/tool",
+                    json={"session_id": f"g-{k}", "name": "search", "arguments": {"query": query}},
+                )
+            for j in range(OWN_QUERIES_PER_SAMPLE):
+                query = f"sample {k} follow-up {j}"
+                await client.post(
+                    "/tool",
+                    json={"session_id": f"g-{k}", "name": "search", "arguments": {"query": query}},
+                )
+
+        await asyncio.gather(*(sample(k) for k in range(GROUP_SIZE)))
+        calls: int = (await client.get(f"{upstream}/stats")).json()["calls"]
+        return calls
+
+
+def run(seconds: int = 8) -> dict[str, Any]:
+    if shutil.which("wrk") is None:
+        raise RuntimeError("the tool-server benchmark needs wrk (apt-get install wrk)")
+    with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
+        work = Path(tmp)
+        corpus = work / "corpus.jsonl"
+        write_corpus(corpus)
+        env = {**os.environ, "SERPER_API_KEY": "bench-key-not-secret"}
+        env.pop("DEEPDIVE_SERVICE_TOKEN", None)
+        up_port, cached_port, uncached_port = free_port(), free_port(), free_port()
+        upstream = f"http://127.0.0.1:{up_port}"
+        fake = pinned(
+            python_module(
+                "benchmarks.fake_upstream",
+                "--port",
+                str(up_port),
+                "--latency",
+                str(UPSTREAM_LATENCY_S),
+            ),
+            core=1,
+        )
+        cached = pinned(tool_server_command(cached_port, upstream, corpus, work / "idx"), core=0)
+        uncached = pinned(
+            tool_server_command(uncached_port, upstream, corpus, work / "idx", "--no-cache"), core=0
+        )
+        results: dict[str, Any] = {"upstream_latency_ms": UPSTREAM_LATENCY_S * 1000, "runs": []}
+        with process(fake, f"{upstream}/stats", work / "fake.log"):
+            # The group replays run first, on fresh servers: a load run leaves upstream calls
+            # in flight (they finish and fill the cache even after wrk hangs up).
+            with process(
+                uncached, f"http://127.0.0.1:{uncached_port}/health", work / "uncached.log", env
+            ):
+                base = f"http://127.0.0.1:{uncached_port}"
+                results["group_calls_without_cache"] = asyncio.run(replay_group(base, upstream))
+            with process(
+                cached, f"http://127.0.0.1:{cached_port}/health", work / "cached.log", env
+            ) as server:
+                base = f"http://127.0.0.1:{cached_port}"
+                results["group_calls_with_cache"] = asyncio.run(replay_group(base, upstream))
+                httpx.post(
+                    f"{base}/tool",
+                    json={
+                        "session_id": "warm",
+                        "name": "search",
+                        "arguments": {"query": "silver orrery of haldor"},
+                    },
+                )
+                for sessions in SESSIONS:
+                    for mode in ("hit", "miss"):
+                        results["runs"].append(
+                            run_wrk(server.pid, base, upstream, mode, sessions, seconds)
+                        )
+                # Below saturation: 64 sessions that think between calls, as agents do.
+                results["runs"].append(
+                    run_wrk(server.pid, base, upstream, "miss", 64, seconds, think_ms=200)
+                )
+        results["group_distinct_queries"] = (
+            len(SHARED_QUERIES) + GROUP_SIZE * OWN_QUERIES_PER_SAMPLE
+        )
+        for run_result in results["runs"]:
+            if run_result["mode"].startswith("miss"):
+                run_result["added_p50_ms"] = round(
+                    run_result["p50_ms"] - UPSTREAM_LATENCY_S * 1000, 2
+                )
+                run_result["added_p99_ms"] = round(
+                    run_result["p99_ms"] - UPSTREAM_LATENCY_S * 1000, 2
+                )
+        return results

@@ -1,0 +1,57 @@
+"""The project's promises about itself: layout, README's first screen, CI entry, container pins."""
+
+import re
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_layout_the_user_asked_for() -> None:
+    for name in (
+        "flake.nix",
+        "containers",
+        "slurm",
+        "deepdive",
+        "services",
+        "tests",
+        "Makefile",
+        "README.md",
+        "pyproject.toml",
+        ".ci/run",
+    ):
+        assert (ROOT / name).exists(), name
+
+
+def test_readme_first_screen_gives_the_two_commands() -> None:
+    first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
+    assert "make run" in first_screen and "make test" in first_screen
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert "make test" in (ROOT / ".ci/run").read_text()
+
+
+def test_one_console_script_named_deepdive() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"deepdive": "slurm.cli:main"}
+
+
+def test_cpu_container_definition_is_pinned_and_complete() -> None:
+    text = (ROOT / "containers/cpu.def").read_text()
+    header = dict(re.findall(r"^(Bootstrap|From):\s*(\S+)", text, re.MULTILINE))
+    assert header["Bootstrap"] == "docker"
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", header["From"]), (
+        "base image must pin a patch version"
+    )
+    sections = set(re.findall(r"^%(\w+)", text, re.MULTILINE))
+    assert {"files", "post", "environment", "runscript", "test", "labels"} <= sections
+    for package in ("deepdive", "services", "slurm", "pyproject.toml"):
+        assert re.search(rf"^\s+{re.escape(package)} /opt/deepdive-slurm/", text, re.MULTILINE), (
+            package
+        )

@@ -34,6 +34,8 @@ run: setup
 	$(BIN)/deepdive serve tools --search offline --reader offline --port $(PORT)
 
 bench: setup
+	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get install -y -q wrk >/dev/null; } \
+		|| { echo "make bench needs wrk (apt-get install wrk)"; exit 1; }
 	$(BIN)/python -m benchmarks
 
 clean:

@@ -13,7 +13,7 @@ from services.http import Upstream, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.tool_server.html_text import html_to_text
 from services.tool_server.models import Page
-from services.tool_server.providers import ensure_readable
+from services.tool_server.providers import UpstreamProvider, ensure_readable
 from services.tool_server.urlguard import URLGuard
 
 MAX_REDIRECTS = 5
@@ -21,7 +21,7 @@ USER_AGENT = "deepdive-slurm/0.1 (research agent reader)"
 _TEXT_TYPES = ("text/plain", "text/markdown")
 
 
-class DirectReader:
+class DirectReader(UpstreamProvider):
     name = "direct"
 
     def __init__(
@@ -33,13 +33,14 @@ class DirectReader:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.guard = guard
-        self.upstream = Upstream(
+        upstream = Upstream(
             self.name,
             settings,
             headers={"User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1"},
             metrics=metrics,
             transport=transport,
         )
+        super().__init__(upstream)
 
     async def read(self, url: str, deadline: float) -> Page:
         current = url
@@ -67,9 +68,3 @@ class DirectReader:
             title, text = html_to_text(body)
             return ensure_readable(Page(url=current, title=title, text=text), self.name)
         raise URLRejected(f"more than {MAX_REDIRECTS} redirects")
-
-    def not_ready_reason(self) -> str | None:
-        return None
-
-    async def aclose(self) -> None:
-        await self.upstream.aclose()

@@ -12,7 +12,7 @@ from services.exceptions import UpstreamBadResponse
 from services.http import Upstream, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.tool_server.models import Page
-from services.tool_server.providers import decode_json_object, ensure_readable
+from services.tool_server.providers import UpstreamProvider, decode_json_object, ensure_readable
 from services.tool_server.urlguard import URLGuard
 
 KEY_ENV = "JINA_API_KEY"
@@ -20,8 +20,9 @@ DEFAULT_URL = "https://r.jina.ai"
 _MAX_READER_TIMEOUT_S = 30
 
 
-class JinaReader:
+class JinaReader(UpstreamProvider):
     name = "jina"
+    key_env = KEY_ENV
 
     def __init__(
         self,
@@ -32,12 +33,11 @@ class JinaReader:
         metrics: ServiceMetrics | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._has_key = api_key is not None
         self.guard = guard
         headers = {"Accept": "application/json", "X-Return-Format": "markdown"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self.upstream = Upstream(
+        upstream = Upstream(
             self.name,
             settings,
             headers=headers,
@@ -45,6 +45,7 @@ class JinaReader:
             transport=transport,
             key_hint=KEY_ENV,
         )
+        super().__init__(upstream, has_key=api_key is not None)
 
     async def read(self, url: str, deadline: float) -> Page:
         target = self.guard.check_syntax(url)
@@ -62,9 +63,3 @@ class JinaReader:
             text=data["content"],
         )
         return ensure_readable(page, self.name)
-
-    def not_ready_reason(self) -> str | None:
-        return self.upstream.auth_failure
-
-    async def aclose(self) -> None:
-        await self.upstream.aclose()

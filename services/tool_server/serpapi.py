@@ -13,7 +13,12 @@ from services.http import Upstream, UpstreamReply, UpstreamSettings
 from services.logs import redact, register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
-from services.tool_server.providers import decode_json_object, results_from_items
+from services.tool_server.providers import (
+    UpstreamProvider,
+    decode_json_object,
+    results_from_items,
+    search_locale,
+)
 
 KEY_ENV = "SERPAPI_API_KEY"
 DEFAULT_URL = "https://serpapi.com"
@@ -33,8 +38,10 @@ def _classify(reply: UpstreamReply) -> UpstreamError | None:
     return None
 
 
-class SerpApiSearch:
+class SerpApiSearch(UpstreamProvider):
     name = "serpapi"
+    key_env = KEY_ENV
+    key_required = True
 
     def __init__(
         self,
@@ -48,8 +55,8 @@ class SerpApiSearch:
     ) -> None:
         self._api_key = api_key
         register_secret(api_key)  # it travels in the query string: keep it out of every message
-        self._locale = {k: v for k, v in (("gl", gl), ("hl", hl)) if v}
-        self.upstream = Upstream(
+        self._locale = search_locale(gl, hl)
+        upstream = Upstream(
             self.name,
             settings,
             metrics=metrics,
@@ -57,6 +64,7 @@ class SerpApiSearch:
             key_hint=KEY_ENV,
             classify_error=_classify,
         )
+        super().__init__(upstream, has_key=api_key is not None)
 
     async def search(self, query: str, num: int, deadline: float) -> list[SearchResult]:
         params = {
@@ -75,11 +83,3 @@ class SerpApiSearch:
                 return []
             raise UpstreamBadResponse(self.name, f"API error: {redact(str(error))[:200]}")
         return results_from_items(data.get("organic_results"), self.name, num)
-
-    def not_ready_reason(self) -> str | None:
-        if self._api_key is None:
-            return f"{KEY_ENV} is not set"
-        return self.upstream.auth_failure
-
-    async def aclose(self) -> None:
-        await self.upstream.aclose()

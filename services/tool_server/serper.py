@@ -9,14 +9,21 @@ import httpx
 from services.http import Upstream, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
-from services.tool_server.providers import decode_json_object, results_from_items
+from services.tool_server.providers import (
+    UpstreamProvider,
+    decode_json_object,
+    results_from_items,
+    search_locale,
+)
 
 KEY_ENV = "SERPER_API_KEY"
 DEFAULT_URL = "https://google.serper.dev"
 
 
-class SerperSearch:
+class SerperSearch(UpstreamProvider):
     name = "serper"
+    key_env = KEY_ENV
+    key_required = True
 
     def __init__(
         self,
@@ -28,10 +35,9 @@ class SerperSearch:
         metrics: ServiceMetrics | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self._has_key = api_key is not None
-        self._locale = {k: v for k, v in (("gl", gl), ("hl", hl)) if v}
+        self._locale = search_locale(gl, hl)
         headers = {"X-API-KEY": api_key} if api_key else {}
-        self.upstream = Upstream(
+        upstream = Upstream(
             self.name,
             settings,
             headers=headers,
@@ -39,17 +45,10 @@ class SerperSearch:
             transport=transport,
             key_hint=KEY_ENV,
         )
+        super().__init__(upstream, has_key=api_key is not None)
 
     async def search(self, query: str, num: int, deadline: float) -> list[SearchResult]:
         payload: dict[str, Any] = {"q": query, "num": num, **self._locale}
         reply = await self.upstream.send("POST", "/search", json=payload, deadline=deadline)
         data = decode_json_object(reply.content, self.name)
         return results_from_items(data.get("organic"), self.name, num)
-
-    def not_ready_reason(self) -> str | None:
-        if not self._has_key:
-            return f"{KEY_ENV} is not set"
-        return self.upstream.auth_failure
-
-    async def aclose(self) -> None:
-        await self.upstream.aclose()

@@ -7,7 +7,6 @@ values that are cached across requests.
 
 from __future__ import annotations
 
-import math
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from deepdive.protocol import BROWSING_TOOLS, ProtocolError, validate_arguments
 from services.cache import AsyncCache, CacheOutcome
 from services.exceptions import (
     ContentBlocked,
@@ -32,9 +32,6 @@ from services.tool_server.models import Page, SearchResult, ToolRequest
 from services.tool_server.providers import PageReader, SearchProvider
 from services.tool_server.sessions import SessionStore
 from services.tool_server.urls import normalize_url
-
-TOOL_NAMES = ("search", "click", "open")
-_SESSION_TOOLS = ("start_session", "close_session")
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ class ToolExecutor:
         handler = self._handlers.get(request.name)
         if handler is None:
             raise UnknownTool(
-                f"unknown tool {request.name[:64]!r}; the tools are {', '.join(TOOL_NAMES)}"
+                f"unknown tool {request.name[:64]!r}; the tools are {', '.join(BROWSING_TOOLS)}"
             )
         budget = self.config.call_deadline_s
         try:
@@ -98,13 +95,9 @@ class ToolExecutor:
             ) from None
 
     async def _search(self, request: ToolRequest, deadline: float) -> ToolOutcome:
-        args = _arguments(request, '{"query": "...", "num": 10}')
-        query = args.get("query")
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidArguments('search needs a non-empty "query" string')
-        num = _int_argument(args, "num", self.config.default_results, minimum=1)
-        num = min(num, self.config.max_results)
-        query = query.strip()
+        args = _validated(request)
+        query: str = args["query"]
+        num = min(args["num"] or self.config.default_results, self.config.max_results)
         key = (self.search_provider.name, normalize_query(query), num)
 
         async def fetch() -> tuple[SearchResult, ...]:
@@ -121,12 +114,8 @@ class ToolExecutor:
         return ToolOutcome(format_results(shown), outcome)
 
     async def _click(self, request: ToolRequest, deadline: float) -> ToolOutcome:
-        args = _arguments(request, '{"link_id": 1}')
-        if "link_id" not in args:
-            raise InvalidArguments(
-                'click needs "link_id": the number of a result of your latest search'
-            )
-        link_id = _int_argument(args, "link_id", 0, minimum=1)
+        args = _validated(request)
+        link_id: int = args["link_id"]
         results = self.sessions.latest_results(request.session_id)
         if not results:
             raise InvalidLinkId(
@@ -136,16 +125,11 @@ class ToolExecutor:
             raise InvalidLinkId(
                 f"link_id {link_id} is not among the latest results (1 to {len(results)})"
             )
-        page_number = _int_argument(args, "page", 1, minimum=1)
-        return await self._show(results[link_id - 1].url, page_number, request, deadline)
+        return await self._show(results[link_id - 1].url, args["page"], request, deadline)
 
     async def _open(self, request: ToolRequest, deadline: float) -> ToolOutcome:
-        args = _arguments(request, '{"url": "https://...", "page": 1}')
-        url = args.get("url")
-        if not isinstance(url, str) or not url.strip():
-            raise InvalidArguments('open needs a "url" string')
-        page_number = _int_argument(args, "page", 1, minimum=1)
-        return await self._show(url.strip(), page_number, request, deadline)
+        args = _validated(request)
+        return await self._show(args["url"], args["page"], request, deadline)
 
     async def _show(
         self, url: str, page_number: int, request: ToolRequest, deadline: float
@@ -185,28 +169,9 @@ def normalize_query(query: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
 
 
-def _arguments(request: ToolRequest, example: str) -> dict[str, Any]:
-    if not isinstance(request.arguments, dict):
-        raise InvalidArguments(f"{request.name} arguments must be a JSON object like {example}")
-    return request.arguments
-
-
-def _int_argument(args: dict[str, Any], name: str, default: int, minimum: int) -> int:
-    """An integer argument; numeric strings ("3") and whole floats (3.0) are accepted."""
-    value = args.get(name, default)
-    if value is None:
-        return default
-    number: int | None = None
-    if isinstance(value, bool):
-        number = None
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        number = int(value)
-    elif isinstance(value, str) and value.strip().isdigit() and len(value.strip()) < 10:
-        number = int(value.strip())
-    if number is None:
-        raise InvalidArguments(f'"{name}" must be a whole number, got {str(value)[:40]!r}')
-    if number < minimum:
-        raise InvalidArguments(f'"{name}" must be at least {minimum}, got {number}')
-    return number
+def _validated(request: ToolRequest) -> dict[str, Any]:
+    """The call's arguments checked by the shared protocol (the rollout and reward use it too)."""
+    try:
+        return validate_arguments(request.name, request.arguments)
+    except ProtocolError as error:
+        raise InvalidArguments(error.message) from None

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import anyio
 import httpx
+import orjson
 from httpx_aiohttp import AiohttpTransport
 
 from services.exceptions import (
@@ -262,3 +263,37 @@ class Upstream:
 
 def _detail(error: UpstreamError) -> str:
     return error.message.removeprefix(f"{error.upstream}: ")
+
+
+class UpstreamProvider:
+    """Base of the providers that call one HTTP upstream: readiness and shutdown, written once.
+
+    `key_env` names the variable the key comes from; `key_required` says whether the provider
+    can serve without it (Jina can, at its free rate).
+    """
+
+    name: str
+    key_env: str | None = None
+    key_required = False
+
+    def __init__(self, upstream: Upstream, has_key: bool = False) -> None:
+        self.upstream = upstream
+        self._has_key = has_key
+
+    def not_ready_reason(self) -> str | None:
+        if self.key_required and not self._has_key:
+            return f"{self.key_env} is not set"
+        return self.upstream.auth_failure
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+
+def decode_json_object(content: bytes, upstream: str) -> dict[str, Any]:
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise UpstreamBadResponse(upstream, "the response is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise UpstreamBadResponse(upstream, "the response is not a JSON object")
+    return data

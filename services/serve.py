@@ -3,15 +3,65 @@ refuse to expose an unauthenticated service beyond loopback, log like the rest o
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import socket
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from services.exceptions import ConfigError
+from services.logs import configure_logging
+from services.secrets import apply_env_file, read_secret
 from services.web import TOKEN_ENV
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
+    """The options every `deepdive serve SERVICE` takes."""
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=default_port, help="0 picks a free port (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--env-file", type=Path, help="read API keys from this KEY=VALUE file (mode 0600)"
+    )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help=f"serve beyond loopback without {TOKEN_ENV}",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+
+
+def prepare(args: argparse.Namespace) -> str | None:
+    """Logging, env file, the service token and the exposure check; returns the token."""
+    configure_logging(args.log_level)
+    if args.env_file:
+        apply_env_file(args.env_file)
+    token = read_secret(TOKEN_ENV)
+    check_exposure(args.host, token, args.allow_unauthenticated)
+    return token
+
+
+def announcer(title: str, token: str | None, examples: Sequence[str]) -> Callable[[str, int], None]:
+    """Prints where the service listens and how to try it; `{base}` and `{auth}` are filled in."""
+
+    def announce(host: str, port: int) -> None:
+        base = f"http://{host}:{port}"
+        auth = f" -H 'Authorization: Bearer ${TOKEN_ENV}'" if token else ""
+        lines = [f"{title} listening on {base}"]
+        lines += ["  " + example.format(base=base, auth=auth) for example in examples]
+        lines.append(f"  health: {base}/health  ready: {base}/ready  metrics: {base}/metrics")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    return announce
 
 
 def is_loopback(host: str) -> bool:

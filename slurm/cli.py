@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from services.exceptions import ConfigError
+from services.reward_server import command as reward_server_command
 from services.tool_server import command as tool_server_command
 
 
@@ -27,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tool_server_command.add_arguments(tools)
     tools.set_defaults(handler=tool_server_command.run)
+    reward = services.add_parser(
+        "reward",
+        help="the reward server (strict binary reward)",
+        description="Serve DeepDive's strict binary reward over HTTP (POST /evaluate).",
+    )
+    reward_server_command.add_arguments(reward)
+    reward.set_defaults(handler=reward_server_command.run)
     return parser
 
 

@@ -8,10 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from services.http import UpstreamSettings
-from services.logs import configure_logging
 from services.metrics import ServiceMetrics
-from services.secrets import apply_env_file, read_secret
-from services.serve import bind, check_exposure, serve
+from services.serve import add_server_arguments, announcer, bind, prepare, serve
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
@@ -23,12 +21,7 @@ DEFAULT_PORT = 8700
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help="0 picks a free port (default: %(default)s)"
-    )
+    add_server_arguments(parser, DEFAULT_PORT)
     parser.add_argument(
         "--search",
         choices=SEARCH_BACKENDS,
@@ -116,17 +109,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=argparse.SUPPRESS,
     )
     parser.add_argument("--jina-url", default=jina.DEFAULT_URL, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--env-file", type=Path, help="read API keys from this KEY=VALUE file (mode 0600)"
-    )
-    parser.add_argument(
-        "--allow-unauthenticated",
-        action="store_true",
-        help=f"serve beyond loopback without {TOKEN_ENV}",
-    )
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
-    )
     parser.epilog = (
         "API keys come from the environment only: SERPER_API_KEY, SERPAPI_API_KEY, JINA_API_KEY "
         f"(or --env-file). {TOKEN_ENV}, when set, is required as a bearer token by every endpoint "
@@ -163,28 +145,19 @@ def config_from_args(args: argparse.Namespace) -> ToolServerConfig:
 
 
 def run(args: argparse.Namespace) -> None:
-    configure_logging(args.log_level)
-    if args.env_file:
-        apply_env_file(args.env_file)
-    token = read_secret(TOKEN_ENV)
-    check_exposure(args.host, token, args.allow_unauthenticated)
+    token = prepare(args)
     config = config_from_args(args)
     sock = bind(args.host, args.port)
     metrics = ServiceMetrics("tool")
     search, reader = build_providers(config, metrics, show_progress=sys.stderr.isatty())
     app = create_app(ToolExecutor(config, search, reader, metrics), metrics, token=token)
-
-    def announce(host: str, port: int) -> None:
-        base = f"http://{host}:{port}"
-        auth = f" -H 'Authorization: Bearer ${TOKEN_ENV}'" if token else ""
-        print(
-            f"tool server listening on {base} (search={config.search}, reader={config.reader})\n"
-            f"  try: curl -s{auth} -X POST {base}/tool -H 'Content-Type: application/json' "
-            '-d \'{"session_id": "demo", "name": "search", "arguments": {"query": "Ada Lovelace"}}\'\n'
-            f'  then: ... -d \'{{"session_id": "demo", "name": "click", "arguments": {{"link_id": 1}}}}\'\n'
-            f"  health: {base}/health  ready: {base}/ready  metrics: {base}/metrics",
-            file=sys.stderr,
-            flush=True,
-        )
-
+    announce = announcer(
+        f"tool server (search={config.search}, reader={config.reader})",
+        token,
+        [
+            "try: curl -s{auth} -X POST {base}/tool -H 'Content-Type: application/json' "
+            '-d \'{{"session_id": "demo", "name": "search", "arguments": {{"query": "Ada Lovelace"}}}}\'',
+            'then: ... -d \'{{"session_id": "demo", "name": "click", "arguments": {{"link_id": 1}}}}\'',
+        ],
+    )
     serve(app, sock, log_level=args.log_level, on_listening=announce)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import httpx
 
 from services.exceptions import PageUnavailable, URLRejected
-from services.http import Upstream, UpstreamSettings
+from services.http import Upstream, UpstreamProvider, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.tool_server.html_text import html_to_text
 from services.tool_server.models import Page
-from services.tool_server.providers import UpstreamProvider, ensure_readable
+from services.tool_server.providers import ensure_readable
 from services.tool_server.urlguard import URLGuard
 
 MAX_REDIRECTS = 5

@@ -9,10 +9,10 @@ from __future__ import annotations
 import httpx
 
 from services.exceptions import UpstreamBadResponse
-from services.http import Upstream, UpstreamSettings
+from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
 from services.metrics import ServiceMetrics
 from services.tool_server.models import Page
-from services.tool_server.providers import UpstreamProvider, decode_json_object, ensure_readable
+from services.tool_server.providers import ensure_readable
 from services.tool_server.urlguard import URLGuard
 
 KEY_ENV = "JINA_API_KEY"

@@ -5,10 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-import orjson
-
 from services.exceptions import PageUnavailable, UpstreamBadResponse
-from services.http import Upstream
 from services.tool_server.models import Page, SearchResult
 
 
@@ -38,43 +35,9 @@ class PageReader(Protocol):
     async def aclose(self) -> None: ...
 
 
-class UpstreamProvider:
-    """Base of the providers that call one HTTP upstream: readiness and shutdown, written once.
-
-    `key_env` names the variable the key comes from; `key_required` says whether the provider
-    can serve without it (Jina can, at its free rate).
-    """
-
-    name: str
-    key_env: str | None = None
-    key_required = False
-
-    def __init__(self, upstream: Upstream, has_key: bool = False) -> None:
-        self.upstream = upstream
-        self._has_key = has_key
-
-    def not_ready_reason(self) -> str | None:
-        if self.key_required and not self._has_key:
-            return f"{self.key_env} is not set"
-        return self.upstream.auth_failure
-
-    async def aclose(self) -> None:
-        await self.upstream.aclose()
-
-
 def search_locale(gl: str | None, hl: str | None) -> dict[str, str]:
     """The country (gl) and language (hl) parameters both Google APIs take, when set."""
     return {key: value for key, value in (("gl", gl), ("hl", hl)) if value}
-
-
-def decode_json_object(content: bytes, upstream: str) -> dict[str, Any]:
-    try:
-        data = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        raise UpstreamBadResponse(upstream, "the response is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise UpstreamBadResponse(upstream, "the response is not a JSON object")
-    return data
 
 
 def results_from_items(items: Any, upstream: str, num: int) -> list[SearchResult]:

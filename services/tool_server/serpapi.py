@@ -9,16 +9,17 @@ from __future__ import annotations
 import httpx
 
 from services.exceptions import UpstreamAuthError, UpstreamBadResponse, UpstreamError
-from services.http import Upstream, UpstreamReply, UpstreamSettings
+from services.http import (
+    Upstream,
+    UpstreamProvider,
+    UpstreamReply,
+    UpstreamSettings,
+    decode_json_object,
+)
 from services.logs import redact, register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
-from services.tool_server.providers import (
-    UpstreamProvider,
-    decode_json_object,
-    results_from_items,
-    search_locale,
-)
+from services.tool_server.providers import results_from_items, search_locale
 
 KEY_ENV = "SERPAPI_API_KEY"
 DEFAULT_URL = "https://serpapi.com"

@@ -6,15 +6,10 @@ from typing import Any
 
 import httpx
 
-from services.http import Upstream, UpstreamSettings
+from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
-from services.tool_server.providers import (
-    UpstreamProvider,
-    decode_json_object,
-    results_from_items,
-    search_locale,
-)
+from services.tool_server.providers import results_from_items, search_locale
 
 KEY_ENV = "SERPER_API_KEY"
 DEFAULT_URL = "https://google.serper.dev"

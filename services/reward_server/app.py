@@ -1,0 +1,136 @@
+"""The reward server's HTTP surface: POST /evaluate, POST /evaluate/batch, /health, /ready, /metrics.
+
+slime reads the scalar with `--reward-key reward`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from services.exceptions import RequestError
+from services.logs import log_event
+from services.metrics import ServiceMetrics
+from services.reward_server.config import RewardServerConfig
+from services.reward_server.evaluator import Evaluation, Evaluator
+from services.reward_server.models import parse_evaluation_request
+from services.web import (
+    BearerAuthMiddleware,
+    health,
+    internal_error_handler,
+    json_response,
+    metrics_endpoint,
+    read_json_body,
+    request_error_response,
+)
+
+logger = logging.getLogger("deepdive.reward_server")
+
+
+def create_app(
+    config: RewardServerConfig,
+    evaluator: Evaluator,
+    metrics: ServiceMetrics,
+    token: str | None = None,
+) -> Starlette:
+    async def evaluate(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            item = parse_evaluation_request(await read_json_body(request, config.max_body_bytes))
+        except RequestError as error:
+            metrics.observe_request("evaluate", error.code, time.perf_counter() - started)
+            return request_error_response(error)
+        evaluation = await evaluator.evaluate(item)
+        _record(metrics, "evaluate", evaluation, started)
+        return json_response(evaluation.as_json())
+
+    async def evaluate_batch(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            body = await read_json_body(request, config.max_body_bytes)
+            if isinstance(body, dict) and "items" in body:
+                body = body["items"]
+            if not isinstance(body, list):
+                raise RequestError(
+                    'the batch must be a JSON list of evaluation requests (or {"items": [...]})'
+                )
+            if len(body) > config.max_batch:
+                raise RequestError(
+                    f"the batch has {len(body)} items; the limit is {config.max_batch}"
+                )
+            items = [
+                parse_evaluation_request(entry, where=f"item {i}: ") for i, entry in enumerate(body)
+            ]
+        except RequestError as error:
+            metrics.observe_request("evaluate_batch", error.code, time.perf_counter() - started)
+            return request_error_response(error)
+        results: list[dict[str, Any]] = [{} for _ in items]
+
+        async def run(index: int) -> None:
+            evaluation = await evaluator.evaluate(items[index])
+            _record(metrics, "evaluate", evaluation, started)
+            results[index] = evaluation.as_json()
+
+        async with anyio.create_task_group() as group:
+            for index in range(len(items)):
+                group.start_soon(run, index)
+        metrics.observe_request("evaluate_batch", "ok", time.perf_counter() - started)
+        return json_response(results)
+
+    async def ready(_: Request) -> Response:
+        reason = evaluator.judge.not_ready_reason()
+        if reason:
+            return json_response(
+                {"status": "not_ready", "reasons": {f"judge:{evaluator.judge.name}": reason}},
+                status_code=503,
+            )
+        return json_response({"status": "ready", "judge": evaluator.judge.name})
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await evaluator.judge.aclose()
+
+    middleware = [Middleware(BearerAuthMiddleware, token=token)] if token else []
+    return Starlette(
+        routes=[
+            Route("/evaluate", evaluate, methods=["POST"]),
+            Route("/evaluate/batch", evaluate_batch, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics_endpoint(metrics), methods=["GET"]),
+        ],
+        middleware=middleware,
+        exception_handlers={Exception: internal_error_handler},
+        lifespan=lifespan,
+    )
+
+
+def _record(
+    metrics: ServiceMetrics, operation: str, evaluation: Evaluation, started: float
+) -> None:
+    seconds = time.perf_counter() - started
+    metrics.observe_request(operation, evaluation.outcome, seconds)
+    verdict = evaluation.verdict
+    log_event(
+        logger,
+        "evaluation",
+        reward=evaluation.reward,
+        format_ok=evaluation.format.ok,
+        judge=evaluation.judge_name,
+        verdict=None if verdict is None else verdict.correct,
+        outcome=evaluation.outcome,
+        ms=f"{seconds * 1000:.1f}",
+    )

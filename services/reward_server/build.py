@@ -1,0 +1,36 @@
+"""Turn a RewardServerConfig into a working judge: read the key, open the client."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from services.logs import log_event
+from services.metrics import ServiceMetrics
+from services.reward_server.config import RewardServerConfig
+from services.reward_server.judging import Judge
+from services.reward_server.openai_judge import KEY_ENVS, OpenAIJudge
+from services.reward_server.rule_judge import RuleJudge
+from services.secrets import read_secret
+
+logger = logging.getLogger("deepdive.reward_server")
+
+
+def build_judge(
+    config: RewardServerConfig,
+    metrics: ServiceMetrics | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Judge:
+    judge: Judge
+    if config.judge == "openai":
+        key = next((k for k in (read_secret(name) for name in KEY_ENVS) if k), None)
+        judge = OpenAIJudge(
+            config.judge_upstream, key, config.judge_model, config.judge_cache, metrics, transport
+        )
+    else:
+        judge = RuleJudge()
+    reason = judge.not_ready_reason()
+    if reason:
+        log_event(logger, "judge_not_ready", logging.WARNING, judge=judge.name, reason=reason)
+    return judge

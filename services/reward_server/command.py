@@ -1,0 +1,91 @@
+"""`deepdive serve reward`: the command-line face of the reward server."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from services.metrics import ServiceMetrics
+from services.reward_server import openai_judge
+from services.reward_server.app import create_app
+from services.reward_server.build import build_judge
+from services.reward_server.config import JUDGE_BACKENDS, RewardServerConfig
+from services.reward_server.evaluator import Evaluator
+from services.serve import add_server_arguments, announcer, bind, prepare, serve
+
+DEFAULT_PORT = 8701
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_server_arguments(parser, DEFAULT_PORT)
+    parser.add_argument(
+        "--judge",
+        choices=JUDGE_BACKENDS,
+        default="rule",
+        help="rule: normalised exact match, no key (default); openai: an OpenAI-compatible LLM judge",
+    )
+    parser.add_argument(
+        "--judge-url",
+        default=openai_judge.DEFAULT_URL,
+        help="base URL of the OpenAI-compatible API (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--judge-model",
+        default=openai_judge.DEFAULT_MODEL,
+        help="judge model name (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--judge-concurrency",
+        type=int,
+        default=16,
+        help="concurrent judge requests at most (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--judge-retries",
+        type=int,
+        default=3,
+        help="retries on 429/5xx/timeouts (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=120.0,
+        help="total seconds per judgement, retries included (default: %(default)s)",
+    )
+    parser.epilog = (
+        "The judge's key comes from the environment only: DEEPDIVE_JUDGE_API_KEY or OPENAI_API_KEY "
+        "(or --env-file). slime: --rm-type remote_rm --rm-url http://HOST:PORT/evaluate --reward-key reward"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> RewardServerConfig:
+    base = RewardServerConfig()
+    upstream = base.judge_upstream
+    retry = replace(upstream.retry, max_attempts=max(1, args.judge_retries + 1))
+    return replace(
+        base,
+        judge=args.judge,
+        judge_upstream=replace(
+            upstream, base_url=args.judge_url, max_concurrency=args.judge_concurrency, retry=retry
+        ),
+        judge_model=args.judge_model,
+        deadline_s=args.deadline,
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    token = prepare(args)
+    config = config_from_args(args)
+    sock = bind(args.host, args.port)
+    metrics = ServiceMetrics("reward")
+    evaluator = Evaluator(build_judge(config, metrics), config.deadline_s)
+    app = create_app(config, evaluator, metrics, token=token)
+    announce = announcer(
+        f"reward server (judge={config.judge})",
+        token,
+        [
+            "try: curl -s{auth} -X POST {base}/evaluate -H 'Content-Type: application/json' "
+            '-d \'{{"response": "<tool_call>{{\\"name\\": \\"finish\\", \\"arguments\\": {{\\"answer\\": \\"Paris\\"}}}}</tool_call>", "label": "Paris"}}\'',
+        ],
+    )
+    serve(app, sock, log_level=args.log_level, on_listening=announce)

@@ -1,0 +1,56 @@
+"""The reward server's configuration: one typed, validated dataclass with documented defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+from services.cache import CacheSettings
+from services.exceptions import ConfigError
+from services.http import UpstreamSettings
+from services.reward_server import openai_judge
+
+JudgeBackend = Literal["rule", "openai"]
+JUDGE_BACKENDS: tuple[str, ...] = get_args(JudgeBackend)
+
+
+@dataclass(frozen=True)
+class RewardServerConfig:
+    """judge             rule (embedded default, no key) or openai (any compatible endpoint)
+    judge_upstream    where the judge lives, its concurrency bound, timeouts and retries
+    judge_model       the model name sent to the endpoint
+    judge_cache       verdict cache (entries, TTL; failures live 1 s)
+    deadline_s        total time for one judgement, retries included
+    max_body_bytes    larger request bodies are refused with 413
+    max_batch         the most items one POST /evaluate/batch may carry
+    """
+
+    judge: JudgeBackend = "rule"
+    judge_upstream: UpstreamSettings = field(
+        default_factory=lambda: UpstreamSettings(
+            openai_judge.DEFAULT_URL, max_concurrency=16, read_timeout_s=60.0
+        )
+    )
+    judge_model: str = openai_judge.DEFAULT_MODEL
+    judge_cache: CacheSettings = field(
+        default_factory=lambda: CacheSettings(
+            max_entries=100_000, ttl_s=86_400.0, failure_ttl_s=1.0
+        )
+    )
+    deadline_s: float = 120.0
+    max_body_bytes: int = 16_000_000
+    max_batch: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.judge not in JUDGE_BACKENDS:
+            raise ConfigError(
+                f"judge: expected one of {', '.join(JUDGE_BACKENDS)}, got {self.judge!r}"
+            )
+        for name in ("deadline_s", "max_body_bytes", "max_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{name}: expected a positive number, got {value!r}")
+        if self.judge_upstream.max_concurrency <= 0:
+            raise ConfigError("judge_upstream.max_concurrency: expected a positive number")
+        if not self.judge_model.strip():
+            raise ConfigError("judge_model: expected a model name")

@@ -1,0 +1,139 @@
+"""An LLM judge behind any OpenAI-compatible chat-completions endpoint (temperature 0).
+
+The grading prompt follows BrowseComp's: the judge extracts the final answer, reasons, and ends
+with `correct: yes|no`. The parser is strict: exactly one verdict line, or the judgement is
+unparseable, which is never a reward. Verdicts are cached by (question, references, answer):
+a GRPO group often repeats an answer, and a judge call costs money.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import httpx
+import orjson
+
+from services.cache import AsyncCache, CacheSettings
+from services.exceptions import ToolError, UpstreamBadResponse
+from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
+from services.metrics import ServiceMetrics
+from services.reward_server.judging import Verdict
+
+KEY_ENVS = ("DEEPDIVE_JUDGE_API_KEY", "OPENAI_API_KEY")
+DEFAULT_URL = "https://api.openai.com/v1"
+DEFAULT_MODEL = "gpt-4o-mini"
+
+GRADER_PROMPT = """Judge whether the [response] to the [question] is correct, using the precise and unambiguous [correct_answer] below.
+
+[question]: {question}
+
+[response]: {response}
+
+Your judgement must follow this format and these criteria:
+
+extracted_final_answer: the final exact answer extracted from the [response]. Write None if there is no exact, final answer to extract.
+
+[correct_answer]: {correct_answer}
+{aliases}
+reasoning: explain why the extracted_final_answer is correct or incorrect with respect to the [correct_answer], focusing only on meaningful differences. Do not solve the problem again, do not argue for a different answer, only judge whether the answers agree.
+
+correct: answer yes if extracted_final_answer matches the [correct_answer] (or an accepted alias), or is within a small margin of error for numerical problems; answer no otherwise, including when the response gives several candidate answers, is ambiguous or is not an answer at all.
+"""
+
+_VERDICT = re.compile(r"^[\s*#>_-]*correct[\s*_]*:[\s*_]*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
+_EXTRACTED = re.compile(
+    r"^[\s*#>_-]*extracted_final_answer[\s*_]*:[\s*_]*(.*)$", re.IGNORECASE | re.MULTILINE
+)
+_REASONING = re.compile(r"^[\s*#>_-]*reasoning[\s*_]*:[\s*_]*(.*)$", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_grade(text: str) -> Verdict:
+    """The judge's reply as a Verdict; raises UpstreamBadResponse when it has no single verdict."""
+    verdicts = {match.lower() for match in _VERDICT.findall(text)}
+    if len(verdicts) != 1:
+        found = "no verdict line" if not verdicts else "both yes and no"
+        raise UpstreamBadResponse("judge", f"unparseable judgement ({found})")
+    extracted = _EXTRACTED.search(text)
+    reasoning = _REASONING.search(text)
+    return Verdict(
+        correct=verdicts == {"yes"},
+        reason=(reasoning.group(1).strip() if reasoning else "")[:500],
+        extracted=extracted.group(1).strip() if extracted else None,
+    )
+
+
+class OpenAIJudge(UpstreamProvider):
+    name = "openai"
+    key_env = KEY_ENVS[0]
+    key_required = True
+
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        api_key: str | None,
+        model: str = DEFAULT_MODEL,
+        cache: CacheSettings | None = None,
+        metrics: ServiceMetrics | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        upstream = Upstream(
+            "judge",
+            settings,
+            headers=headers,
+            metrics=metrics,
+            transport=transport,
+            key_hint=" or ".join(KEY_ENVS),
+        )
+        super().__init__(upstream, has_key=api_key is not None)
+        self.model = model
+        self.cache: AsyncCache[Verdict] = AsyncCache(
+            "judge",
+            cache or CacheSettings(max_entries=100_000, ttl_s=86_400, failure_ttl_s=1.0),
+            metrics,
+        )
+
+    async def judge(
+        self, question: str, labels: tuple[str, ...], answer: str, deadline: float
+    ) -> Verdict:
+        key = hashlib.sha256(orjson.dumps([question, list(labels), answer])).hexdigest()
+
+        async def ask() -> Verdict:
+            return await self._ask(question, labels, answer, deadline)
+
+        try:
+            verdict, _ = await self.cache.get_or_compute(key, ask)
+        except ToolError as error:
+            return Verdict(None, f"the judge failed: {error.message}", error=error)
+        return verdict
+
+    async def _ask(
+        self, question: str, labels: tuple[str, ...], answer: str, deadline: float
+    ) -> Verdict:
+        aliases = f"[accepted_aliases]: {'; '.join(labels[1:])}\n" if len(labels) > 1 else ""
+        prompt = GRADER_PROMPT.format(
+            question=question or "(not given)",
+            response=answer,
+            correct_answer=labels[0],
+            aliases=aliases,
+        )
+        payload = {
+            "model": self.model,
+            "temperature": 0,
+            "max_tokens": 512,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+        reply = await self.upstream.send(
+            "POST", "chat/completions", json=payload, deadline=deadline
+        )
+        data = decode_json_object(reply.content, "judge")
+        try:
+            content = data["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise UpstreamBadResponse(
+                "judge", "the reply has no choices[0].message.content"
+            ) from None
+        if not isinstance(content, str):
+            raise UpstreamBadResponse("judge", "the reply's message content is not text")
+        return parse_grade(content)

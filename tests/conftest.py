@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 import uvicorn
+from pytest_httpserver import HTTPServer
 from starlette.types import ASGIApp
 
 from services.serve import bind
@@ -94,3 +95,11 @@ def live_server() -> Callable[[ASGIApp], object]:
 def httpserver_listen_address() -> tuple[str, int]:
     """Fake upstreams listen on 127.0.0.1 (not "localhost", which may also mean ::1)."""
     return ("127.0.0.1", 0)
+
+
+def wait_for_requests(server: HTTPServer, count: int, timeout_s: float = 5.0) -> None:
+    """Block until a fake upstream has logged `count` requests: a slow handler that outlives
+    its test would otherwise land in the next test's log."""
+    deadline = time.monotonic() + timeout_s
+    while len(server.log) < count and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -23,7 +23,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     return subprocess.run([*DEEPDIVE, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
-@pytest.mark.parametrize("args", [[], ["serve"], ["serve", "tools"]])
+@pytest.mark.parametrize("args", [[], ["serve"], ["serve", "tools"], ["serve", "reward"]])
 def test_every_command_has_help(args: list[str]) -> None:
     result = run(*args, "--help")
     assert result.returncode == 0
@@ -144,3 +144,16 @@ def test_serve_tools_end_to_end_keeps_keys_out_of_argv_and_logs(
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status tells why it ended
     assert process.returncode in (0, -15)
     assert "Application shutdown complete" in stderr
+
+
+def test_serve_reward_help_documents_judges_and_slime_flags() -> None:
+    out = run("serve", "reward", "--help").stdout
+    for word in (
+        "--judge",
+        "rule",
+        "openai",
+        "--judge-url",
+        "OPENAI_API_KEY",
+        "--reward-key reward",
+    ):
+        assert word in out

@@ -22,7 +22,7 @@ from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
-from tests.conftest import serve_in_thread
+from tests.conftest import serve_in_thread, wait_for_requests
 
 SERPER_KEY = "serper-key-0123456789"
 SERPAPI_KEY = "serpapi-key-0123456789"
@@ -147,6 +147,7 @@ def test_a_slow_upstream_is_cut_at_the_call_deadline(httpserver: HTTPServer) -> 
         elapsed = time.monotonic() - started
     assert body["error"]["code"] in {"deadline_exceeded", "upstream_unavailable"}
     assert elapsed < 1.5
+    wait_for_requests(httpserver, 1)
 
 
 def test_jina_pages_open_through_click(httpserver: HTTPServer) -> None:

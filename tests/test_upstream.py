@@ -15,6 +15,7 @@ from services.exceptions import (
 )
 from services.http import RetryPolicy, Upstream, UpstreamSettings, parse_retry_after
 from services.metrics import ServiceMetrics
+from tests.conftest import wait_for_requests
 
 FAST = RetryPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.02)
 
@@ -131,6 +132,7 @@ async def test_slow_response_is_cut_at_the_deadline(httpserver: HTTPServer) -> N
         await client.send("GET", "/x", deadline=time.monotonic() + 0.4)
     assert time.monotonic() - started < 1.2
     await client.aclose()
+    wait_for_requests(httpserver, 1)
 
 
 @pytest.mark.anyio

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import tool_server
+from benchmarks import reward_server, tool_server
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -58,15 +58,60 @@ def show_tool_server(console: Console, results: dict[str, Any]) -> None:
     )
 
 
+def show_reward_server(console: Console, results: dict[str, Any]) -> None:
+    title = f"reward server: fake judge latency {results['judge_latency_ms']:.0f} ms, server on one core"
+    table = Table(title=title)
+    columns = (
+        "judge",
+        "requests",
+        "sessions",
+        "evals/s",
+        "judge calls",
+        "judge peak concurrency",
+        "server CPU ms/eval",
+        "p50 ms",
+        "p99 ms",
+        "added p50",
+        "added p99",
+        "errors",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    for run in results["runs"]:
+        table.add_row(
+            run["judge"],
+            run["mode"].removeprefix("reward-"),
+            str(run["sessions"]),
+            f"{run['calls_per_s']:.0f}",
+            str(run.get("judge_calls", "-")),
+            str(run.get("judge_peak_concurrency", "-")),
+            f"{run['server_cpu_ms_per_call']:.2f}",
+            f"{run['p50_ms']:.1f}",
+            f"{run['p99_ms']:.1f}",
+            str(run.get("added_p50_ms", "-")),
+            str(run.get("added_p99_ms", "-")),
+            str(run["errors"]),
+        )
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
+    parser.add_argument(
+        "--only", choices=["tool_server", "reward_server"], help="run one benchmark"
+    )
     args = parser.parse_args()
-    console = Console(width=140)
+    console = Console(width=160)
     RESULTS.mkdir(exist_ok=True)
-    results = tool_server.run(seconds=args.seconds)
-    (RESULTS / "tool_server.json").write_text(json.dumps(results, indent=2))
-    show_tool_server(console, results)
+    if args.only in (None, "tool_server"):
+        results = tool_server.run(seconds=args.seconds)
+        (RESULTS / "tool_server.json").write_text(json.dumps(results, indent=2))
+        show_tool_server(console, results)
+    if args.only in (None, "reward_server"):
+        results = reward_server.run(seconds=args.seconds)
+        (RESULTS / "reward_server.json").write_text(json.dumps(results, indent=2))
+        show_reward_server(console, results)
 
 
 if __name__ == "__main__":

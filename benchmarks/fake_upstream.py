@@ -1,4 +1,6 @@
-"""A Serper-compatible search API with a fixed latency, counting the calls it receives.
+"""Fake paid upstreams with a fixed latency, counting calls and peak concurrency:
+a Serper-compatible search API (POST /search) and an OpenAI-compatible judge
+(POST /v1/chat/completions, which grades "Paris" correct and anything else wrong).
 
 Run: python -m benchmarks.fake_upstream --port 9100 --latency 0.05
 """
@@ -18,6 +20,21 @@ from starlette.routing import Route
 
 def create_app(latency_s: float) -> Starlette:
     calls: list[str] = []
+    concurrency = {"active": 0, "peak": 0}
+
+    async def judge(request: Request) -> Response:
+        prompt = orjson.loads(await request.body())["messages"][0]["content"]
+        calls.append(prompt)
+        concurrency["active"] += 1
+        concurrency["peak"] = max(concurrency["peak"], concurrency["active"])
+        try:
+            await asyncio.sleep(latency_s)
+        finally:
+            concurrency["active"] -= 1
+        verdict = "yes" if "[response]: Paris\n" in prompt else "no"
+        content = f"extracted_final_answer: x\n\nreasoning: fake\n\ncorrect: {verdict}"
+        body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+        return Response(orjson.dumps(body), media_type="application/json")
 
     async def search(request: Request) -> Response:
         query = orjson.loads(await request.body())["q"]
@@ -36,17 +53,25 @@ def create_app(latency_s: float) -> Starlette:
 
     async def stats(_: Request) -> Response:
         return Response(
-            orjson.dumps({"calls": len(calls), "distinct": len(set(calls))}),
+            orjson.dumps(
+                {
+                    "calls": len(calls),
+                    "distinct": len(set(calls)),
+                    "peak_concurrency": concurrency["peak"],
+                }
+            ),
             media_type="application/json",
         )
 
     async def reset(_: Request) -> Response:
         calls.clear()
+        concurrency["peak"] = concurrency["active"]
         return Response(b"{}", media_type="application/json")
 
     return Starlette(
         routes=[
             Route("/search", search, methods=["POST"]),
+            Route("/v1/chat/completions", judge, methods=["POST"]),
             Route("/stats", stats, methods=["GET"]),
             Route("/reset", reset, methods=["POST"]),
         ]

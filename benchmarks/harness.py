@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 CORES = os.cpu_count() or 1
+LUA = Path(__file__).with_name("load.lua")
+_ERROR_KEYS = (
+    "connect_errors",
+    "read_errors",
+    "write_errors",
+    "status_errors",
+    "timeouts",
+    "error_bodies",
+)
 
 
 def free_port() -> int:
@@ -69,3 +82,38 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_wrk(
+    server_pid: int, url: str, kind: str, sessions: int, seconds: int, think_ms: int = 0
+) -> dict[str, Any]:
+    """One wrk run of `load.lua` (on core 1) against `url`; latency, throughput, errors and the
+    server's CPU time per call. Every run gets a fresh nonce, so its queries are new."""
+    cpu_before = cpu_seconds(server_pid)
+    nonce = uuid.uuid4().hex[:8]
+    wrk = ["wrk", "-t", "2", "-c", str(sessions), "-d", f"{seconds}s", "--timeout", "10s"]
+    script = ["-s", str(LUA), url, "--", kind, nonce, str(think_ms)]
+    completed = subprocess.run(
+        pinned(wrk + script, core=1),
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    )
+    match = re.search(r"^RESULT (\{.*\})$", completed.stdout, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{completed.stdout}")
+    raw = json.loads(match.group(1))
+    cpu_ms = (cpu_seconds(server_pid) - cpu_before) * 1000
+    return {
+        "mode": kind if not think_ms else f"{kind}+{think_ms}ms think",
+        "sessions": sessions,
+        "calls_per_s": round(raw["requests"] / (raw["duration_us"] / 1e6), 1),
+        "p50_ms": raw["p50_us"] / 1000,
+        "p99_ms": raw["p99_us"] / 1000,
+        "max_ms": raw["max_us"] / 1000,
+        "errors": sum(raw[key] for key in _ERROR_KEYS),
+        "timeouts": raw["timeouts"],
+        "requests": raw["requests"],
+        "server_cpu_ms_per_call": round(cpu_ms / max(1, raw["requests"]), 3),
+    }

@@ -1,7 +1,10 @@
--- wrk script: POST /tool search calls. mode "hit" repeats one query (served from the cache);
--- mode "miss" sends a new query every time (each one goes to the upstream). Arguments:
--- mode, a nonce that makes this run's queries differ from every earlier run's, and an optional
--- think time in ms that each session waits between calls (as an agent does while it generates).
+-- wrk script for both services. Arguments: kind, nonce, think time in ms.
+--   tool-hit      POST /tool, one query again and again (served from the cache)
+--   tool-miss     POST /tool, a new query every call (each one goes to the upstream)
+--   reward-same   POST /evaluate, one answer again and again (a cached verdict)
+--   reward-unique POST /evaluate, a new answer every call (each one goes to the judge)
+-- The nonce makes this run's queries and answers differ from every earlier run's; the think
+-- time is how long each session waits between calls (as an agent does while it generates).
 local threads = {}
 local next_id = 0
 
@@ -12,7 +15,7 @@ function setup(thread)
 end
 
 function init(args)
-  mode = args[1] or "hit"
+  kind = args[1] or "tool-hit"
   nonce = args[2] or "0"
   think_ms = tonumber(args[3] or "0")
   counter = 0
@@ -23,21 +26,31 @@ function delay()
   return think_ms
 end
 
+local function unique()
+  return nonce .. " " .. id .. " " .. counter
+end
+
 function request()
   counter = counter + 1
-  local query
-  if mode == "hit" then
-    query = "silver orrery of haldor"
+  local path, body
+  if kind == "tool-hit" or kind == "tool-miss" then
+    local query = "silver orrery of haldor"
+    if kind == "tool-miss" then query = "query " .. unique() end
+    path = "/tool"
+    body = '{"session_id":"s' .. id .. '-' .. (counter % 2048) ..
+      '","name":"search","arguments":{"query":"' .. query .. '"}}'
   else
-    query = "query " .. nonce .. " " .. id .. " " .. counter
+    local answer = "Paris"
+    if kind == "reward-unique" then answer = "answer " .. unique() end
+    path = "/evaluate"
+    body = '{"response":"<tool_call>{\\"name\\":\\"finish\\",\\"arguments\\":{\\"answer\\":\\"' ..
+      answer .. '\\"}}</tool_call>","label":"Paris"}'
   end
-  local body = '{"session_id":"s' .. id .. '-' .. (counter % 2048) ..
-    '","name":"search","arguments":{"query":"' .. query .. '"}}'
-  return wrk.format("POST", "/tool", {["Content-Type"] = "application/json"}, body)
+  return wrk.format("POST", path, {["Content-Type"] = "application/json"}, body)
 end
 
 function response(status, headers, body)
-  if string.find(body, '"error":', 1, true) then
+  if string.find(body, '"error":{', 1, true) then
     error_bodies = error_bodies + 1
   end
 end

@@ -7,25 +7,20 @@ and the load generator (wrk) on core 1. Each concurrent session is one wrk conne
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import re
 import shutil
-import subprocess
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from benchmarks.harness import cpu_seconds, free_port, pinned, process, python_module
+from benchmarks.harness import free_port, pinned, process, python_module, run_wrk
 
 UPSTREAM_LATENCY_S = 0.05
 SESSIONS = (64, 256, 1024)
-LUA = Path(__file__).with_name("load.lua")
 GROUP_SIZE = 8
 SHARED_QUERIES = ("orrery of haldor", "ilse varen clockmaker", "vorn valley museum")
 OWN_QUERIES_PER_SAMPLE = 2
@@ -68,7 +63,7 @@ def tool_server_command(
     )
 
 
-def run_wrk(
+def run_load(
     server_pid: int,
     base: str,
     upstream: str,
@@ -77,48 +72,12 @@ def run_wrk(
     seconds: int,
     think_ms: int = 0,
 ) -> dict[str, Any]:
-    """One wrk run; also counts the calls that reached the upstream and the server's CPU time."""
+    """One load run, plus the number of calls that reached the upstream during it."""
     before = httpx.get(f"{upstream}/stats").json()["calls"]
-    cpu_before = cpu_seconds(server_pid)
-    nonce = uuid.uuid4().hex[:8]  # this run's queries were never asked before
-    wrk = ["wrk", "-t", "2", "-c", str(sessions), "-d", f"{seconds}s", "--timeout", "10s"]
-    script = ["-s", str(LUA), f"{base}/tool", "--", mode, nonce, str(think_ms)]
-    command = pinned(wrk + script, core=1)
-    out = subprocess.run(
-        command, capture_output=True, text=True, timeout=seconds + 60, check=True
-    ).stdout
-    match = re.search(r"^RESULT (\{.*\})$", out, re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"wrk printed no result:\n{out}")
-    raw = json.loads(match.group(1))
-    seconds_run = raw["duration_us"] / 1e6
-    errors = sum(
-        raw[k]
-        for k in (
-            "connect_errors",
-            "read_errors",
-            "write_errors",
-            "status_errors",
-            "timeouts",
-            "error_bodies",
-        )
-    )
+    result = run_wrk(server_pid, f"{base}/tool", f"tool-{mode}", sessions, seconds, think_ms)
     time.sleep(1)  # let calls still in flight reach the upstream before counting
-    upstream_calls = httpx.get(f"{upstream}/stats").json()["calls"] - before
-    cpu_ms = (cpu_seconds(server_pid) - cpu_before) * 1000
-    return {
-        "mode": mode if not think_ms else f"{mode}+{think_ms}ms think",
-        "sessions": sessions,
-        "upstream_calls": upstream_calls,
-        "calls_per_s": round(raw["requests"] / seconds_run, 1),
-        "p50_ms": raw["p50_us"] / 1000,
-        "p99_ms": raw["p99_us"] / 1000,
-        "max_ms": raw["max_us"] / 1000,
-        "errors": errors,
-        "timeouts": raw["timeouts"],
-        "requests": raw["requests"],
-        "server_cpu_ms_per_call": round(cpu_ms / max(1, raw["requests"]), 3),
-    }
+    result["upstream_calls"] = httpx.get(f"{upstream}/stats").json()["calls"] - before
+    return result
 
 
 async def replay_group(base: str, upstream: str) -> int:
@@ -194,17 +153,17 @@ def run(seconds: int = 8) -> dict[str, Any]:
                 for sessions in SESSIONS:
                     for mode in ("hit", "miss"):
                         results["runs"].append(
-                            run_wrk(server.pid, base, upstream, mode, sessions, seconds)
+                            run_load(server.pid, base, upstream, mode, sessions, seconds)
                         )
                 # Below saturation: 64 sessions that think between calls, as agents do.
                 results["runs"].append(
-                    run_wrk(server.pid, base, upstream, "miss", 64, seconds, think_ms=200)
+                    run_load(server.pid, base, upstream, "miss", 64, seconds, think_ms=200)
                 )
         results["group_distinct_queries"] = (
             len(SHARED_QUERIES) + GROUP_SIZE * OWN_QUERIES_PER_SAMPLE
         )
         for run_result in results["runs"]:
-            if run_result["mode"].startswith("miss"):
+            if run_result["mode"].startswith("tool-miss"):
                 run_result["added_p50_ms"] = round(
                     run_result["p50_ms"] - UPSTREAM_LATENCY_S * 1000, 2
                 )

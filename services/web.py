@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.exceptions import PayloadTooLarge, RequestError
@@ -24,6 +28,26 @@ from services.metrics import ServiceMetrics
 logger = logging.getLogger("deepdive.web")
 
 TOKEN_ENV = "DEEPDIVE_SERVICE_TOKEN"  # noqa: S105 (a variable name, not a secret)
+
+
+MISSING: Any = object()  # a field the client did not send, told apart from an explicit null
+
+
+def json_kind(value: Any) -> str:
+    """How an error message names the JSON type a client sent."""
+    if value is MISSING:
+        return "nothing (the field is missing)"
+    if value is None:
+        return "null"
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
+    return names.get(type(value), type(value).__name__)
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:
@@ -123,3 +147,41 @@ class BearerAuthMiddleware:
             status_code=401,
         )
         await response(scope, receive, send)
+
+
+def service_app(
+    routes: Sequence[Route],
+    *,
+    metrics: ServiceMetrics,
+    not_ready: Callable[[], dict[str, str]],
+    ready_details: Callable[[], dict[str, Any]],
+    on_shutdown: Callable[[], Awaitable[None]],
+    token: str | None = None,
+) -> Starlette:
+    """A service's Starlette app: its own routes plus /health, /ready and /metrics, bearer auth
+    when `token` is set, no tracebacks to clients, and `on_shutdown` run when the server stops."""
+
+    async def ready(_: Request) -> Response:
+        reasons = not_ready()
+        if reasons:
+            return json_response({"status": "not_ready", "reasons": reasons}, status_code=503)
+        return json_response({"status": "ready", **ready_details()})
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await on_shutdown()
+
+    return Starlette(
+        routes=[
+            *routes,
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics_endpoint(metrics), methods=["GET"]),
+        ],
+        middleware=[Middleware(BearerAuthMiddleware, token=token)] if token else [],
+        exception_handlers={Exception: internal_error_handler},
+        lifespan=lifespan,
+    )

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,13 +22,10 @@ from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluation, Evaluator
 from services.reward_server.models import parse_evaluation_request
 from services.web import (
-    BearerAuthMiddleware,
-    health,
-    internal_error_handler,
     json_response,
-    metrics_endpoint,
     read_json_body,
     request_error_response,
+    service_app,
 )
 
 logger = logging.getLogger("deepdive.reward_server")
@@ -87,34 +81,20 @@ def create_app(
         metrics.observe_request("evaluate_batch", "ok", time.perf_counter() - started)
         return json_response(results)
 
-    async def ready(_: Request) -> Response:
+    def not_ready() -> dict[str, str]:
         reason = evaluator.judge.not_ready_reason()
-        if reason:
-            return json_response(
-                {"status": "not_ready", "reasons": {f"judge:{evaluator.judge.name}": reason}},
-                status_code=503,
-            )
-        return json_response({"status": "ready", "judge": evaluator.judge.name})
+        return {f"judge:{evaluator.judge.name}": reason} if reason else {}
 
-    @asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await evaluator.judge.aclose()
-
-    middleware = [Middleware(BearerAuthMiddleware, token=token)] if token else []
-    return Starlette(
-        routes=[
+    return service_app(
+        [
             Route("/evaluate", evaluate, methods=["POST"]),
             Route("/evaluate/batch", evaluate_batch, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", metrics_endpoint(metrics), methods=["GET"]),
         ],
-        middleware=middleware,
-        exception_handlers={Exception: internal_error_handler},
-        lifespan=lifespan,
+        metrics=metrics,
+        not_ready=not_ready,
+        ready_details=lambda: {"judge": evaluator.judge.name},
+        on_shutdown=evaluator.judge.aclose,
+        token=token,
     )
 
 

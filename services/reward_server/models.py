@@ -14,8 +14,8 @@ from typing import Any
 
 from deepdive.protocol import format_observation
 from services.exceptions import RequestError
+from services.web import MISSING, json_kind
 
-_MISSING: Any = object()
 _CHATML_USER = re.compile(r"<\|im_start\|>user\s*\n(.*?)(?:<\|im_end\|>|\Z)", re.DOTALL)
 
 
@@ -31,21 +31,25 @@ class EvaluationRequest:
 def parse_evaluation_request(body: Any, where: str = "") -> EvaluationRequest:
     """Validate one payload; `RequestError` names the field (prefixed by `where` in a batch)."""
     if not isinstance(body, dict):
-        raise RequestError(f"{where}the request must be a JSON object, got {_kind(body)}")
-    labels = _labels(body.get("label", _MISSING), where)
-    history = body.get("history", _MISSING)
-    response = body.get("response", _MISSING)
-    if response is not _MISSING and response is not None:
+        raise RequestError(f"{where}the request must be a JSON object, got {json_kind(body)}")
+    labels = _labels(body.get("label", MISSING), where)
+    history = body.get("history", MISSING)
+    response = body.get("response", MISSING)
+    if response is not MISSING and response is not None:
         if not isinstance(response, str):
-            raise RequestError(f"{where}field 'response': expected a string, got {_kind(response)}")
+            raise RequestError(
+                f"{where}field 'response': expected a string, got {json_kind(response)}"
+            )
         trajectory = response
-    elif history is not _MISSING and history is not None:
+    elif history is not MISSING and history is not None:
         trajectory = _trajectory_from_history(history, where)
     else:
         raise RequestError(f"{where}field 'response': missing (send 'response' or 'history')")
     env = body.get("remote_env_info") or {}
     if not isinstance(env, dict):
-        raise RequestError(f"{where}field 'remote_env_info': expected an object, got {_kind(env)}")
+        raise RequestError(
+            f"{where}field 'remote_env_info': expected an object, got {json_kind(env)}"
+        )
     forbidden = env.get("forbidden_texts") or []
     if not isinstance(forbidden, list) or not all(isinstance(t, str) for t in forbidden):
         raise RequestError(
@@ -56,7 +60,7 @@ def parse_evaluation_request(body: Any, where: str = "") -> EvaluationRequest:
     format_valid = body.get("format_valid", True)
     if not isinstance(format_valid, bool):
         raise RequestError(
-            f"{where}field 'format_valid': expected true or false, got {_kind(format_valid)}"
+            f"{where}field 'format_valid': expected true or false, got {json_kind(format_valid)}"
         )
     return EvaluationRequest(trajectory, labels, question, unfinished, not format_valid)
 
@@ -64,7 +68,7 @@ def parse_evaluation_request(body: Any, where: str = "") -> EvaluationRequest:
 def _labels(label: Any, where: str) -> tuple[str, ...]:
     expected = "expected a non-empty string, a number, a list of strings, or {answer, aliases}"
     values: list[Any]
-    if label is _MISSING or label is None:
+    if label is MISSING or label is None:
         raise RequestError(f"{where}field 'label': missing ({expected})")
     if isinstance(label, dict):
         aliases = label.get("aliases") or []
@@ -78,7 +82,7 @@ def _labels(label: Any, where: str) -> tuple[str, ...]:
     texts = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise RequestError(f"{where}field 'label': {expected}, got {_kind(value)} inside")
+            raise RequestError(f"{where}field 'label': {expected}, got {json_kind(value)} inside")
         text = str(value).strip()
         if text:
             texts.append(text)
@@ -92,7 +96,7 @@ def _trajectory_from_history(history: Any, where: str) -> str:
     non-assistant message as an observation."""
     if not isinstance(history, list):
         raise RequestError(
-            f"{where}field 'history': expected a list of messages, got {_kind(history)}"
+            f"{where}field 'history': expected a list of messages, got {json_kind(history)}"
         )
     parts: list[str] = []
     seen_assistant = False
@@ -130,7 +134,7 @@ def _question(body: dict[str, Any], where: str) -> str:
                 return str(message["content"]).strip()
     if prompt is not None and not isinstance(prompt, list):
         raise RequestError(
-            f"{where}field 'prompt': expected a string or a list of messages, got {_kind(prompt)}"
+            f"{where}field 'prompt': expected a string or a list of messages, got {json_kind(prompt)}"
         )
     return ""
 
@@ -140,21 +144,5 @@ def _flag(body: dict[str, Any], name: str, where: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise RequestError(f"{where}field '{name}': expected true or false, got {_kind(value)}")
+        raise RequestError(f"{where}field '{name}': expected true or false, got {json_kind(value)}")
     return value
-
-
-def _kind(value: Any) -> str:
-    if value is _MISSING:
-        return "nothing"
-    if value is None:
-        return "null"
-    names = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-    }
-    return names.get(type(value), type(value).__name__)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -25,14 +22,11 @@ from services.metrics import ServiceMetrics
 from services.tool_server.models import parse_tool_request
 from services.tool_server.tools import ToolExecutor
 from services.web import (
-    BearerAuthMiddleware,
     error_body,
-    health,
-    internal_error_handler,
     json_response,
-    metrics_endpoint,
     read_json_body,
     request_error_response,
+    service_app,
 )
 
 logger = logging.getLogger("deepdive.tool_server")
@@ -64,37 +58,19 @@ def create_app(
         _record(metrics, name, "ok", started, call.session_id, outcome.cache)
         return json_response({"output": outcome.text, "observation": outcome.text})
 
-    async def ready(_: Request) -> Response:
-        reasons = executor.not_ready_reasons()
-        if reasons:
-            return json_response({"status": "not_ready", "reasons": reasons}, status_code=503)
-        return json_response(
-            {
-                "status": "ready",
-                "search": executor.search_provider.name,
-                "reader": executor.reader.name,
-            }
-        )
-
-    @asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await executor.aclose()
-
-    middleware = [Middleware(BearerAuthMiddleware, token=token)] if token else []
-    return Starlette(
-        routes=[
+    return service_app(
+        [
             Route("/tool", tool, methods=["POST"]),
             Route("/", tool, methods=["POST"]),  # DeepDive's rollout posts to the root too
-            Route("/health", health, methods=["GET"]),
-            Route("/ready", ready, methods=["GET"]),
-            Route("/metrics", metrics_endpoint(metrics), methods=["GET"]),
         ],
-        middleware=middleware,
-        exception_handlers={Exception: internal_error_handler},
-        lifespan=lifespan,
+        metrics=metrics,
+        not_ready=executor.not_ready_reasons,
+        ready_details=lambda: {
+            "search": executor.search_provider.name,
+            "reader": executor.reader.name,
+        },
+        on_shutdown=executor.aclose,
+        token=token,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from services.exceptions import RequestError
 from services.tool_server.leakage import NormalizedText, normalize
+from services.web import MISSING, json_kind
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,6 @@ class ToolRequest:
 
 
 MAX_SESSION_ID_CHARS = 256
-_MISSING: Any = object()
 
 
 def parse_tool_request(body: Any) -> ToolRequest:
@@ -53,17 +53,19 @@ def parse_tool_request(body: Any) -> ToolRequest:
     problems are reported to the model as observations later, not as HTTP errors.
     """
     if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {_kind(body)}")
-    session_id = body.get("session_id", _MISSING)
+        raise RequestError(f"the request body must be a JSON object, got {json_kind(body)}")
+    session_id = body.get("session_id", MISSING)
     if not isinstance(session_id, str) or not session_id.strip():
         raise RequestError(
-            f"field 'session_id': expected a non-empty string, got {_kind(session_id)}"
+            f"field 'session_id': expected a non-empty string, got {json_kind(session_id)}"
         )
     if len(session_id) > MAX_SESSION_ID_CHARS:
         raise RequestError(f"field 'session_id': longer than {MAX_SESSION_ID_CHARS} characters")
-    name = body.get("name", _MISSING)
+    name = body.get("name", MISSING)
     if not isinstance(name, str):
-        raise RequestError(f"field 'name': expected a string (the tool name), got {_kind(name)}")
+        raise RequestError(
+            f"field 'name': expected a string (the tool name), got {json_kind(name)}"
+        )
     arguments = body.get("arguments", {})
     if arguments is None:
         arguments = {}
@@ -71,28 +73,13 @@ def parse_tool_request(body: Any) -> ToolRequest:
     if env is None:
         env = {}
     if not isinstance(env, dict):
-        raise RequestError(f"field 'remote_env_info': expected an object, got {_kind(env)}")
+        raise RequestError(f"field 'remote_env_info': expected an object, got {json_kind(env)}")
     forbidden = env.get("forbidden_texts", [])
     if forbidden is None:
         forbidden = []
     if not isinstance(forbidden, list) or not all(isinstance(t, str) for t in forbidden):
         raise RequestError(
             "field 'remote_env_info.forbidden_texts': expected a list of strings, "
-            f"got {_kind(forbidden)}"
+            f"got {json_kind(forbidden)}"
         )
     return ToolRequest(session_id, name, arguments, tuple(forbidden))
-
-
-def _kind(value: Any) -> str:
-    if value is _MISSING:
-        return "nothing (the field is missing)"
-    if value is None:
-        return "null"
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-    }.get(type(value), type(value).__name__)

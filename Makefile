@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,corpus]'
+	$(BIN)/python -m pip install --quiet -e '.[test,corpus,parquet]'
 	touch $(STAMP)
 
 lint: setup

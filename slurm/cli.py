@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from deepdive import command as deepdive_command
 from services.exceptions import ConfigError
 from services.reward_server import command as reward_server_command
 from services.tool_server import command as tool_server_command
@@ -18,6 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train DeepDive-style web-search agents with multi-turn GRPO on Slurm.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    convert = commands.add_parser(
+        "convert",
+        help="convert DeepDive QA rows into slime prompt rows",
+        description="Turn QA rows (question, answer, id?, aliases?) into slime's prompt format.",
+    )
+    deepdive_command.add_convert_arguments(convert)
+    convert.set_defaults(handler=deepdive_command.run_convert)
 
     serve = commands.add_parser("serve", help="run one of the HTTP services")
     services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")

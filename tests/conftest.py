@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -63,11 +64,8 @@ def corpus_file(tmp_path: Path) -> Path:
     return path
 
 
-@contextmanager
-def serve_in_thread(app: ASGIApp) -> Iterator[str]:
-    """Run `app` under a real uvicorn on 127.0.0.1 (a free port); yield its base URL."""
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
+def start_server_thread(app: ASGIApp, sock: socket.socket) -> Callable[[], None]:
+    """Run `app` under a real uvicorn on a bound socket, in a thread; return the stop function."""
     server = uvicorn.Server(
         uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", log_level="warning")
     )
@@ -78,12 +76,24 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
+
+    def stop() -> None:
         server.should_exit = True
         thread.join(timeout=15)
         sock.close()
+
+    return stop
+
+
+@contextmanager
+def serve_in_thread(app: ASGIApp) -> Iterator[str]:
+    """Run `app` under a real uvicorn on 127.0.0.1 (a free port); yield its base URL."""
+    sock = bind("127.0.0.1", 0)
+    stop = start_server_thread(app, sock)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop()
 
 
 @pytest.fixture

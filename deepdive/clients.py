@@ -1,0 +1,42 @@
+"""One pooled HTTP client per service per process (and event loop), shared by every rollout.
+
+DeepDive opened a new HTTP session for every tool call; at 64 turns x 1,000 samples that is
+64,000 TCP handshakes per step. Here each slime rollout actor keeps one `Upstream` per service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.http import RetryPolicy, Upstream, UpstreamSettings
+from services.secrets import read_secret
+from services.web import TOKEN_ENV
+
+_CLIENTS: dict[tuple[str, str, int, int], Upstream] = {}
+
+
+def service_client(name: str, base_url: str, timeout_s: float, retries: int) -> Upstream:
+    """The shared client for `name` at `base_url` on the running event loop."""
+    loop_id = id(asyncio.get_running_loop())
+    key = (name, base_url, retries, loop_id)
+    client = _CLIENTS.get(key)
+    if client is None:
+        token = read_secret(TOKEN_ENV)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        settings = UpstreamSettings(
+            base_url,
+            read_timeout_s=timeout_s,
+            max_concurrency=1024,
+            max_response_bytes=64_000_000,
+            retry=RetryPolicy(max_attempts=retries + 1, base_delay_s=0.2, max_delay_s=5.0),
+        )
+        client = Upstream(name, settings, headers=headers)
+        _CLIENTS[key] = client
+    return client
+
+
+async def close_clients() -> None:
+    """Close this loop's clients (the local trainer calls it at exit; slime actors just exit)."""
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _CLIENTS if k[3] == loop_id]:
+        await _CLIENTS.pop(key).aclose()

@@ -1,0 +1,381 @@
+"""The multi-turn tool rollout for slime: `--custom-generate-function-path
+deepdive.rollout.generate_with_tool` and `--custom-rm-path deepdive.rollout.reward_func`.
+
+Per turn: send the token ids so far to SGLang's /generate (token in, token out: the model's own
+tokens are never re-tokenised), stop at the end of a tool call, parse it with the shared
+protocol, run it on the tool server, and append the observation as tokens with loss mask 0 and
+log-probability 0.0. Each turn's max_new_tokens shrinks so prompt + response never exceed the
+context. `finish` ends the episode.
+
+Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
+FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
+aborted or failed: reward 0.0 is set here, so slime never sees None).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+
+from deepdive.clients import service_client
+from deepdive.protocol import (
+    FINISH,
+    OBSERVATION_CLOSE,
+    OBSERVATION_OPEN,
+    TOOL_CALL_CLOSE,
+    ToolCall,
+    find_tool_calls,
+)
+from deepdive.rollout_settings import RolloutSettings, settings_from_args
+from deepdive.sample import status_name, status_of
+from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
+from services.http import decode_json_object
+from services.logs import log_event
+
+logger = logging.getLogger("deepdive.rollout")
+_TOKENIZERS: dict[str, Any] = {}
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+def tokenizer_for(args: Any) -> Any:
+    """`args.deepdive_tokenizer` when set (the local backend, tests), else the HF tokenizer of
+    `args.hf_checkpoint`, loaded once per process."""
+    given = getattr(args, "deepdive_tokenizer", None)
+    if given is not None:
+        return given
+    path = getattr(args, "hf_checkpoint", None)
+    if not path:
+        raise ConfigError(
+            "the rollout needs args.hf_checkpoint (or args.deepdive_tokenizer) for its tokenizer"
+        )
+    if path not in _TOKENIZERS:
+        from transformers import AutoTokenizer  # in the training image; not needed on CPU paths
+
+        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    return _TOKENIZERS[path]
+
+
+def render_prompt(sample: Any, tokenizer: Any) -> str:
+    """The prompt as text: as slime gives it (after --apply-chat-template), or rendered here."""
+    prompt = sample.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and hasattr(tokenizer, "apply_chat_template"):
+        tools = (sample.metadata or {}).get("tools")
+        text: str = tokenizer.apply_chat_template(
+            prompt, tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        return text
+    raise ConfigError(
+        "sample.prompt must be text, or messages with a tokenizer that has a chat template"
+    )
+
+
+def remote_env_info(sample: Any) -> dict[str, Any]:
+    env = (sample.metadata or {}).get("remote_env_info") or {}
+    return env if isinstance(env, dict) else {}
+
+
+def observation_text(observation: str) -> str:
+    return f"\n{OBSERVATION_OPEN}\n{observation}\n{OBSERVATION_CLOSE}\n"
+
+
+@dataclass
+class Trajectory:
+    """The growing response: token ids, loss mask and log-probs stay the same length, always."""
+
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+
+    def add_model_turn(self, ids: list[int], logprobs: list[float], text: str) -> None:
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.parts.append(text)
+
+    def add_observation(self, ids: list[int], text: str) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.parts.append(text)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.ids)
+
+
+@dataclass
+class RolloutStats:
+    turns: int = 0
+    tool_calls: Counter[str] = field(default_factory=Counter)
+    generation_s: float = 0.0
+    tool_s: float = 0.0
+    error: str | None = None
+
+    def as_dict(self, evaluation: bool) -> dict[str, Any]:
+        return {
+            "turns": self.turns,
+            "tool_calls": dict(self.tool_calls),
+            "error": self.error,
+            "generation_s": round(self.generation_s, 4),
+            "tool_s": round(self.tool_s, 4),
+            "evaluation": evaluation,
+        }
+
+
+@dataclass(frozen=True)
+class Turn:
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+async def generate_turn(
+    settings: RolloutSettings, session_id: str, input_ids: list[int], params: dict[str, Any]
+) -> Turn:
+    """One SGLang /generate call, token in and token out. Raises `ServiceError` on failure."""
+    client = service_client(
+        "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
+    )
+    payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+    reply = await client.send(
+        "POST",
+        "/generate",
+        json=payload,
+        headers={
+            "X-SMG-Routing-Key": session_id
+        },  # consistent-hash routing keeps the KV cache warm
+        deadline=time.monotonic() + settings.generate_timeout_s,
+    )
+    data = decode_json_object(reply.content, "sglang")
+    try:
+        meta = data["meta_info"]
+        finish = (meta.get("finish_reason") or {}).get("type") or "stop"
+        pairs = meta.get("output_token_logprobs") or []
+        ids = [int(item[1]) for item in pairs]
+        logprobs = [float(item[0]) if item[0] is not None else 0.0 for item in pairs]
+        text = str(data.get("text", ""))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        raise UpstreamBadResponse(
+            "sglang", "the /generate reply lacks meta_info.output_token_logprobs"
+        ) from None
+    return Turn(ids, logprobs, text, str(finish))
+
+
+async def call_tool(
+    settings: RolloutSettings, session_id: str, call: ToolCall, env: dict[str, Any]
+) -> str:
+    """The observation for one tool call; a failing tool server becomes an observation too."""
+    client = service_client(
+        "tool_server", settings.tool_server_url, settings.tool_timeout_s, settings.retries
+    )
+    payload = {
+        "session_id": session_id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "remote_env_info": env,
+    }
+    try:
+        with anyio.fail_after(settings.tool_timeout_s):
+            reply = await client.send(
+                "POST", "/tool", json=payload, deadline=time.monotonic() + settings.tool_timeout_s
+            )
+        body = decode_json_object(reply.content, "tool_server")
+        observation = body.get("observation", body.get("output", ""))
+        return observation if isinstance(observation, str) else str(observation)
+    except ServiceError as error:
+        return f"The tool server could not run {call.name} ({error.message}). Try again or use another tool."
+    except TimeoutError:
+        return f"{call.name} took longer than {settings.tool_timeout_s:g}s and was stopped."
+
+
+async def generate_with_tool(
+    args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Any:
+    """slime's custom generate function: the whole multi-turn episode for one sample."""
+    settings = settings_from_args(args)
+    tokenizer = tokenizer_for(args)
+    prompt_text = render_prompt(sample, tokenizer)
+    trajectory = Trajectory(list(tokenizer.encode(prompt_text, add_special_tokens=False)))
+    session_id = sample.session_id or f"deepdive-{uuid.uuid4().hex}"
+    env = remote_env_info(sample)
+    stats = RolloutStats()
+    response_budget = int(sampling_params.get("max_new_tokens") or settings.max_context_tokens)
+    stops = sampling_params.get("stop") or []
+    stops = [stops] if isinstance(stops, str) else list(stops)
+    base_params = {
+        **sampling_params,
+        "stop": list(dict.fromkeys([*stops, TOOL_CALL_CLOSE])),
+        "no_stop_trim": True,
+    }
+    status = "TRUNCATED"
+    while True:
+        if stats.turns >= settings.max_turns:
+            stats.error = "max_turns"
+            break
+        max_new = min(
+            response_budget - len(trajectory.ids), settings.max_context_tokens - trajectory.length
+        )
+        if max_new <= 0:
+            stats.error = "context_limit"
+            break
+        started = time.monotonic()
+        try:
+            turn = await generate_turn(
+                settings,
+                session_id,
+                trajectory.prompt_ids + trajectory.ids,
+                {**base_params, "max_new_tokens": max_new},
+            )
+        except ServiceError as error:
+            stats.error = f"sglang: {error.message}"
+            status = "ABORTED"
+            break
+        finally:
+            stats.generation_s += time.monotonic() - started
+        stats.turns += 1
+        if turn.finish_reason == "abort":
+            stats.error = "aborted"
+            status = "ABORTED"
+            break
+        trajectory.add_model_turn(turn.ids, turn.logprobs, turn.text)
+        if turn.finish_reason == "length":
+            stats.error = "length"
+            break
+        calls = find_tool_calls(turn.text)
+        found = calls[-1] if calls else None
+        if found is None or found.call is None:
+            reason = (
+                "no tool call"
+                if found is None
+                else (found.error.message if found.error else "malformed")
+            )
+            stats.error = f"malformed: {reason}"
+            stats.tool_calls["malformed"] += 1
+            if settings.on_malformed == "fail":
+                status = "FAILED"
+                break
+            observation = (
+                f"Invalid tool call: {reason}. Call exactly one of search, click, open or {FINISH}."
+            )
+        elif found.call.name == FINISH:
+            stats.tool_calls[FINISH] += 1
+            stats.error = None
+            status = "COMPLETED"
+            break
+        else:
+            stats.tool_calls[found.call.name] += 1
+            started = time.monotonic()
+            observation = await call_tool(settings, session_id, found.call, env)
+            stats.tool_s += time.monotonic() - started
+        text = observation_text(observation)
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        if trajectory.length + len(ids) >= settings.max_context_tokens:
+            stats.error = "context_limit"
+            break
+        trajectory.add_observation(ids, text)
+    return _finish_sample(sample, trajectory, prompt_text, session_id, status, stats, evaluation)
+
+
+def _finish_sample(
+    sample: Any,
+    trajectory: Trajectory,
+    prompt_text: str,
+    session_id: str,
+    status: str,
+    stats: RolloutStats,
+    evaluation: bool,
+) -> Any:
+    sample.prompt = prompt_text
+    sample.tokens = trajectory.prompt_ids + trajectory.ids
+    sample.response = "".join(trajectory.parts)
+    sample.response_length = len(trajectory.ids)
+    sample.loss_mask = trajectory.mask
+    sample.rollout_log_probs = trajectory.logprobs
+    sample.session_id = session_id
+    sample.status = status_of(sample, status)
+    sample.metadata = {**(sample.metadata or {}), "deepdive": stats.as_dict(evaluation)}
+    if status == "ABORTED":
+        sample.reward = 0.0  # defined, so an aborted sample never trains on a missing reward
+    log_event(
+        logger,
+        "rollout",
+        session=session_id,
+        status=status,
+        turns=stats.turns,
+        tokens=sample.response_length,
+        error=stats.error,
+    )
+    return sample
+
+
+def _reward_payload(sample: Any) -> dict[str, Any]:
+    metadata = sample.metadata or {}
+    aliases = metadata.get("aliases") or []
+    return {
+        "prompt": sample.prompt,
+        "response": sample.response,
+        "label": {"answer": sample.label, "aliases": list(aliases)},
+        "task_unfinished": status_name(sample) != "COMPLETED",
+        "remote_env_info": remote_env_info(sample),
+    }
+
+
+async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
+    """slime's custom reward: the reward server's strict binary reward (batch form for a group).
+
+    Never raises: an aborted sample, a sample without a label or an unreachable reward server
+    scores 0.0, and the reason is kept in sample.metadata["reward_details"].
+    """
+    samples = sample if isinstance(sample, list) else [sample]
+    rewards = [0.0] * len(samples)
+    pending = [i for i, s in enumerate(samples) if status_name(s) != "ABORTED" and s.label]
+    for i, s in enumerate(samples):
+        if i not in pending:
+            s.metadata = {
+                **(s.metadata or {}),
+                "reward_details": {"reward": 0, "error": "aborted or unlabelled"},
+            }
+    if pending:
+        settings = settings_from_args(args)
+        client = service_client(
+            "reward_server", settings.reward_server_url, settings.reward_timeout_s, settings.retries
+        )
+        try:
+            reply = await client.send(
+                "POST",
+                "/evaluate/batch",
+                json=[_reward_payload(samples[i]) for i in pending],
+                deadline=time.monotonic() + settings.reward_timeout_s,
+            )
+            results = decode_json_object(b'{"items": ' + reply.content + b"}", "reward_server")[
+                "items"
+            ]
+            if not isinstance(results, list) or len(results) != len(pending):
+                raise UpstreamBadResponse(
+                    "reward_server", "the batch reply does not match the request"
+                )
+        except ServiceError as error:
+            log_event(
+                logger, "reward_failed", logging.WARNING, error=error.message, samples=len(pending)
+            )
+            results = [
+                {"reward": 0, "error": {"code": error.code, "message": error.message}}
+            ] * len(pending)
+        for i, result in zip(pending, results, strict=True):
+            rewards[i] = float(result.get("reward", 0)) if isinstance(result, dict) else 0.0
+            samples[i].metadata = {**(samples[i].metadata or {}), "reward_details": result}
+    return rewards if isinstance(sample, list) else rewards[0]

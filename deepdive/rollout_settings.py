@@ -1,0 +1,116 @@
+"""Every knob of the rollout, read once from slime's `args` and validated.
+
+Inside slime the launcher writes our keys into a YAML file passed as `--custom-config-path`;
+slime sets each key on `args`, and the rollout (running in slime's Ray actors) reads them here.
+An environment variable is only a fallback, for running the hook by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from services.exceptions import ConfigError
+
+OnMalformed = Literal["fail", "continue"]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """sglang_url          SGLang (router) base URL; default http://{sglang_router_ip}:{sglang_router_port}
+    tool_server_url     the tool server's base URL (POST /tool)
+    reward_server_url   the reward server's base URL (POST /evaluate, /evaluate/batch)
+    max_turns           model turns at most; more ends the episode as TRUNCATED (default 64)
+    max_context_tokens  prompt + response never exceed this (slime's --rollout-max-context-len)
+    on_malformed        fail: end the episode as FAILED (DeepDive's choice); continue: show the
+                        model an error observation and let it try again
+    tool_timeout_s      total time for one tool call, retries included
+    reward_timeout_s    total time for one reward request
+    generate_timeout_s  total time for one SGLang turn
+    retries             retries of 429/5xx/transport errors for each of the three services
+    """
+
+    sglang_url: str
+    tool_server_url: str
+    reward_server_url: str
+    max_turns: int = 64
+    max_context_tokens: int = 32_768
+    on_malformed: OnMalformed = "fail"
+    tool_timeout_s: float = 120.0
+    reward_timeout_s: float = 600.0
+    generate_timeout_s: float = 1800.0
+    retries: int = 3
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_turns",
+            "max_context_tokens",
+            "tool_timeout_s",
+            "reward_timeout_s",
+            "generate_timeout_s",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"deepdive_{name}: expected a positive number, got {value!r}")
+        if self.on_malformed not in ("fail", "continue"):
+            raise ConfigError(
+                f"deepdive_on_malformed: expected fail or continue, got {self.on_malformed!r}"
+            )
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ConfigError(
+                f"deepdive_retries: expected a whole number >= 0, got {self.retries!r}"
+            )
+        for name in ("sglang_url", "tool_server_url", "reward_server_url"):
+            url = getattr(self, name)
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"deepdive_{name}: expected an http(s) URL, got {url!r}")
+
+
+_DEFAULTS = RolloutSettings.__dataclass_fields__
+
+
+def _value(args: Any, key: str, default: Any) -> Any:
+    value = getattr(args, f"deepdive_{key}", None)
+    if value is None:
+        value = os.environ.get(f"DEEPDIVE_{key.upper()}")
+    if value is None:
+        return default
+    kind = type(default) if default is not None else str
+    if isinstance(value, str) and kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            raise ConfigError(f"deepdive_{key}: expected a number, got {value!r}") from None
+    return value
+
+
+def settings_from_args(args: Any) -> RolloutSettings:
+    """Validated settings for this `args` (computed once per args object)."""
+    cached = getattr(args, "_deepdive_rollout_settings", None)
+    if isinstance(cached, RolloutSettings):
+        return cached
+    router = None
+    if getattr(args, "sglang_router_ip", None) and getattr(args, "sglang_router_port", None):
+        router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+    context = (
+        getattr(args, "rollout_max_context_len", None) or _DEFAULTS["max_context_tokens"].default
+    )
+    settings = RolloutSettings(
+        sglang_url=_value(args, "sglang_url", router),
+        tool_server_url=_value(args, "tool_server_url", None),
+        reward_server_url=_value(args, "reward_server_url", None),
+        max_turns=_value(args, "max_turns", _DEFAULTS["max_turns"].default),
+        max_context_tokens=_value(args, "max_context_tokens", context),
+        on_malformed=_value(args, "on_malformed", _DEFAULTS["on_malformed"].default),
+        tool_timeout_s=_value(args, "tool_timeout_s", _DEFAULTS["tool_timeout_s"].default),
+        reward_timeout_s=_value(args, "reward_timeout_s", _DEFAULTS["reward_timeout_s"].default),
+        generate_timeout_s=_value(
+            args, "generate_timeout_s", _DEFAULTS["generate_timeout_s"].default
+        ),
+        retries=_value(args, "retries", _DEFAULTS["retries"].default),
+    )
+    with contextlib.suppress(AttributeError):  # an args object that refuses attributes
+        args._deepdive_rollout_settings = settings
+    return settings

@@ -7,19 +7,23 @@ DeepDive opened a new HTTP session for every tool call; at 64 turns x 1,000 samp
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 from services.http import RetryPolicy, Upstream, UpstreamSettings
 from services.secrets import read_secret
 from services.web import TOKEN_ENV
 
-_CLIENTS: dict[tuple[str, str, int, int], Upstream] = {}
+# Clients belong to the event loop they were opened on; a finished loop takes its clients along.
+_CLIENTS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, str, int], Upstream]
+] = weakref.WeakKeyDictionary()
 
 
 def service_client(name: str, base_url: str, timeout_s: float, retries: int) -> Upstream:
     """The shared client for `name` at `base_url` on the running event loop."""
-    loop_id = id(asyncio.get_running_loop())
-    key = (name, base_url, retries, loop_id)
-    client = _CLIENTS.get(key)
+    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    key = (name, base_url, retries)
+    client = clients.get(key)
     if client is None:
         token = read_secret(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else None
@@ -31,12 +35,11 @@ def service_client(name: str, base_url: str, timeout_s: float, retries: int) -> 
             retry=RetryPolicy(max_attempts=retries + 1, base_delay_s=0.2, max_delay_s=5.0),
         )
         client = Upstream(name, settings, headers=headers)
-        _CLIENTS[key] = client
+        clients[key] = client
     return client
 
 
 async def close_clients() -> None:
     """Close this loop's clients (the local trainer calls it at exit; slime actors just exit)."""
-    loop_id = id(asyncio.get_running_loop())
-    for key in [k for k in _CLIENTS if k[3] == loop_id]:
-        await _CLIENTS.pop(key).aclose()
+    for client in _CLIENTS.pop(asyncio.get_running_loop(), {}).values():
+        await client.aclose()

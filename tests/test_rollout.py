@@ -3,20 +3,18 @@ turns, the real tool server on its offline provider, and the real reward server.
 
 from __future__ import annotations
 
-import json
 from argparse import Namespace
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from deepdive.clients import close_clients
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool, observation_text, reward_func
-from deepdive.rollout_settings import settings_from_args
 from deepdive.sample import LocalSample, SampleStatus
-from services.exceptions import ConfigError
 from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
@@ -45,6 +43,12 @@ def reward_app() -> Any:
     return create_reward_app(
         RewardServerConfig(), Evaluator(RuleJudge(), 10), ServiceMetrics("reward")
     )
+
+
+@pytest.fixture(autouse=True)
+async def close_rollout_clients() -> AsyncIterator[None]:
+    yield
+    await close_clients()
 
 
 @pytest.fixture
@@ -305,43 +309,3 @@ async def test_an_unreachable_reward_server_scores_zero_without_raising(
     args2 = make_args("http://127.0.0.1:9", {**services, "reward": "http://127.0.0.1:9"})
     assert await reward_func(args2, sample) == 0.0
     assert sample.metadata["reward_details"]["error"]["code"] == "upstream_unavailable"
-
-
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ({"deepdive_max_turns": 0}, "deepdive_max_turns"),
-        ({"deepdive_on_malformed": "ignore"}, "deepdive_on_malformed"),
-        ({"deepdive_tool_server_url": None}, "deepdive_tool_server_url"),
-        ({"deepdive_retries": -1}, "deepdive_retries"),
-        ({"deepdive_max_turns": "many"}, "deepdive_max_turns"),
-    ],
-)
-def test_settings_are_validated_once_with_the_key_named(
-    override: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("DEEPDIVE_TOOL_SERVER_URL", raising=False)
-    args = make_args(
-        "http://127.0.0.1:1", {"tools": "http://127.0.0.1:2", "reward": "http://127.0.0.1:3"}
-    )
-    for key, value in override.items():
-        setattr(args, key, value)
-    with pytest.raises(ConfigError, match=message):
-        settings_from_args(args)
-
-
-def test_settings_fall_back_to_slime_args_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEEPDIVE_TOOL_SERVER_URL", "http://10.0.0.5:8700")
-    monkeypatch.setenv("DEEPDIVE_REWARD_SERVER_URL", "http://10.0.0.5:8701")
-    monkeypatch.setenv("DEEPDIVE_MAX_TURNS", "12")
-    args = Namespace(
-        sglang_router_ip="10.0.0.1", sglang_router_port=30000, rollout_max_context_len=8192
-    )
-    settings = settings_from_args(args)
-    assert (settings.sglang_url, settings.max_turns, settings.max_context_tokens) == (
-        "http://10.0.0.1:30000",
-        12,
-        8192,
-    )
-    assert settings_from_args(args) is settings  # validated once
-    assert json.dumps(settings.tool_server_url) == '"http://10.0.0.5:8700"'

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import reward_server, tool_server
+from benchmarks import reward_server, rollout, tool_server
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -99,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
     parser.add_argument(
-        "--only", choices=["tool_server", "reward_server"], help="run one benchmark"
+        "--only", choices=["tool_server", "reward_server", "rollout"], help="run one benchmark"
     )
     args = parser.parse_args()
     console = Console(width=160)
@@ -112,6 +112,15 @@ def main() -> None:
         results = reward_server.run(seconds=args.seconds)
         (RESULTS / "reward_server.json").write_text(json.dumps(results, indent=2))
         show_reward_server(console, results)
+    if args.only in (None, "rollout"):
+        results = rollout.run()
+        (RESULTS / "rollout.json").write_text(json.dumps(results, indent=2))
+        console.print(
+            f"rollout: {results['samples']} concurrent samples x {results['turns_per_sample']} turns "
+            f"({results['completed']} completed) against instant fakes, rollout on one core: "
+            f"{results['turns_per_s']:.0f} turns/s, {results['rollout_cpu_ms_per_turn']:.2f} ms of CPU "
+            f"per turn ({results['turns_per_cpu_s']:.0f} turns per CPU-second)"
+        )
 
 
 if __name__ == "__main__":

@@ -212,6 +212,13 @@ class Upstream:
     async def _attempt(
         self, method: str, url: str, limits: httpx.Timeout, kwargs: dict[str, Any]
     ) -> UpstreamReply:
+        if "json" in kwargs:  # orjson: stdlib json, which httpx uses, is the costliest step here
+            kwargs = dict(kwargs)
+            kwargs["content"] = orjson.dumps(kwargs.pop("json"))
+            kwargs["headers"] = {
+                **(kwargs.get("headers") or {}),
+                "Content-Type": "application/json",
+            }
         request = self.client.build_request(method, url, timeout=limits, **kwargs)
         response = await self.client.send(request, stream=True)
         try:

@@ -1,12 +1,12 @@
 """One pooled HTTP client per upstream, with a concurrency bound, timeouts and careful retries.
 
-Every external service (Serper, SerpAPI, Jina, a judge, SGLang) is reached through an `Upstream`.
-Tests point its `base_url` at a local server, or hand it an `httpx` transport; nothing is patched.
+Every external service (Serper, SerpAPI, Jina, a judge, SGLang, our own services) is reached
+through an `Upstream`. Tests point its `base_url` at a local HTTP server; nothing is patched.
 
-The client is an `httpx.AsyncClient` whose default transport is aiohttp's connection pool
-(`httpx-aiohttp`): httpcore's pool re-scans every connection for every queued request, which
-costs ~17 ms of CPU per request at 64 concurrent requests on these machines, against ~1 ms
-through aiohttp (measured side by side; see the tool-server benchmark notes in the README).
+The pool is aiohttp's. Measured side by side on these machines at 64 concurrent requests:
+httpx on httpcore costs ~17 ms of CPU per request (its pool re-scans every connection for every
+queued request), httpx on an aiohttp transport 0.77 ms, aiohttp alone 0.36 ms; a rollout turn
+makes two such calls, so the client is most of a turn's cost.
 
 Retry rules (the lessons of earlier search agents): retry only 429, 5xx and transport errors,
 with full-jitter exponential backoff; honour `Retry-After`; never sleep past the caller's
@@ -15,19 +15,18 @@ deadline; 401/402/403 mean a key problem that no retry fixes: reported once, cle
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import anyio
-import httpx
 import orjson
-from httpx_aiohttp import AiohttpTransport
 
 from services.exceptions import (
     UpstreamAuthError,
@@ -78,18 +77,18 @@ class UpstreamSettings:
 
 @dataclass(frozen=True)
 class UpstreamReply:
-    """A finished exchange: the response (its stream closed) and its body, read within the cap."""
+    """A finished exchange: status, headers (case-insensitive), the body read within the cap."""
 
-    response: httpx.Response
+    status_code: int
+    headers: Mapping[str, str]
     content: bytes
+    charset: str | None = None
 
-    @property
-    def status_code(self) -> int:
-        return self.response.status_code
-
-    @property
-    def headers(self) -> httpx.Headers:
-        return self.response.headers
+    def text(self) -> str:
+        try:
+            return self.content.decode(self.charset or "utf-8", errors="replace")
+        except LookupError:  # an unknown charset name
+            return self.content.decode("utf-8", errors="replace")
 
 
 ErrorClassifier = Callable[[UpstreamReply], "UpstreamError | None"]
@@ -114,7 +113,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 class Upstream:
-    """A named upstream: one `httpx.AsyncClient`, a concurrency bound and the retry policy."""
+    """A named upstream: one pooled aiohttp session, a concurrency bound and the retry policy."""
 
     def __init__(
         self,
@@ -123,7 +122,6 @@ class Upstream:
         *,
         headers: dict[str, str] | None = None,
         metrics: ServiceMetrics | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         key_hint: str | None = None,
         classify_error: ErrorClassifier | None = None,
     ) -> None:
@@ -133,45 +131,53 @@ class Upstream:
         self.metrics = metrics
         self.key_hint = key_hint
         self.auth_failure: str | None = None
+        self._headers = dict(headers or {})
+        self._base = settings.base_url.rstrip("/")
         self._slots = anyio.Semaphore(settings.max_concurrency)
-        limits = httpx.Limits(
-            max_connections=settings.max_concurrency,
-            max_keepalive_connections=settings.max_concurrency,
-        )
-        self.client = httpx.AsyncClient(
-            base_url=settings.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s),
-            transport=transport or AiohttpTransport(limits=limits, trust_env=False),
-            follow_redirects=False,
-        )
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        """The pool is opened on first use, inside the event loop that will use it."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.settings.max_concurrency, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, trust_env=False, auto_decompress=True
+            )
+        return self._session
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def url(self, path: str) -> str:
+        if path.startswith(("http://", "https://")):
+            return path
+        return f"{self._base}/{path.lstrip('/')}"
 
     async def send(
         self, method: str, url: str, *, deadline: float | None = None, **kwargs: Any
     ) -> UpstreamReply:
         """Send with retries; return a reply with status < 400 or raise an `UpstreamError`.
 
-        `deadline` is an absolute `time.monotonic()` instant: no attempt and no backoff sleep
-        extends past it. `kwargs` go to `httpx.AsyncClient.build_request`.
+        `url` is a path under `base_url`, or absolute. `deadline` is an absolute
+        `time.monotonic()` instant: no attempt and no backoff sleep extends past it. Keyword
+        arguments: `json` (sent with orjson), `content` (bytes), `params`, `headers`, and
+        `sni_hostname` (the TLS server name when the URL's host is a pinned address).
         """
         policy = self.settings.retry
         attempt = 0
         while True:
             attempt += 1
             retry_after: float | None = None
-            timeout = self._attempt_timeout(deadline)
             try:
                 async with self._slots:
                     self._count_call()
-                    reply = await self._attempt(method, url, timeout, kwargs)
-            except (httpx.TransportError, aiohttp.ClientError) as exc:
-                cause = exc.__cause__ or exc  # name the transport's own error, not its mapping
+                    reply = await self._attempt(method, self.url(url), deadline, kwargs)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 detail = redact(str(exc)) or "no detail"
                 error: UpstreamError = UpstreamUnavailable(
-                    self.name, f"{type(cause).__name__} ({detail})"
+                    self.name, f"{type(exc).__name__} ({detail})"
                 )
             else:
                 status = reply.status_code
@@ -210,42 +216,45 @@ class Upstream:
             await anyio.sleep(delay)
 
     async def _attempt(
-        self, method: str, url: str, limits: httpx.Timeout, kwargs: dict[str, Any]
+        self, method: str, url: str, deadline: float | None, kwargs: dict[str, Any]
     ) -> UpstreamReply:
-        if "json" in kwargs:  # orjson: stdlib json, which httpx uses, is the costliest step here
-            kwargs = dict(kwargs)
-            kwargs["content"] = orjson.dumps(kwargs.pop("json"))
-            kwargs["headers"] = {
-                **(kwargs.get("headers") or {}),
-                "Content-Type": "application/json",
-            }
-        request = self.client.build_request(method, url, timeout=limits, **kwargs)
-        response = await self.client.send(request, stream=True)
-        try:
+        options = dict(kwargs)
+        headers = dict(options.pop("headers", None) or {})
+        if "json" in options:
+            options["data"] = orjson.dumps(options.pop("json"))
+            headers["Content-Type"] = "application/json"
+        if "content" in options:
+            options["data"] = options.pop("content")
+        sni = options.pop("sni_hostname", None)
+        if sni:
+            options["server_hostname"] = sni
+        read = self.settings.read_timeout_s
+        if deadline is not None:
+            read = max(0.001, min(read, deadline - time.monotonic()))
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=min(read, self.settings.connect_timeout_s), sock_read=read
+        )
+        session = self._open_session()
+        async with session.request(
+            method, url, headers=headers, timeout=timeout, allow_redirects=False, **options
+        ) as response:
             limit = self.settings.max_response_bytes
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > limit:
+            if response.content_length is not None and response.content_length > limit:
                 raise self._too_large(limit)
             chunks: list[bytes] = []
             size = 0
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.content.iter_chunked(1 << 16):
                 size += len(chunk)
                 if size > limit:
                     raise self._too_large(limit)
                 chunks.append(chunk)
-        finally:
-            await response.aclose()
-        return UpstreamReply(response, b"".join(chunks))
+            return UpstreamReply(
+                response.status, response.headers, b"".join(chunks), response.charset
+            )
 
     def _too_large(self, limit: int) -> UpstreamBadResponse:
         self._count_error("too_large")
         return UpstreamBadResponse(self.name, f"the response is larger than {limit} bytes")
-
-    def _attempt_timeout(self, deadline: float | None) -> httpx.Timeout:
-        read = self.settings.read_timeout_s
-        if deadline is not None:
-            read = max(0.001, min(read, deadline - time.monotonic()))
-        return httpx.Timeout(read, connect=min(read, self.settings.connect_timeout_s))
 
     def _auth_error(self, status: int, detail: str | None = None) -> UpstreamAuthError:
         self._count_error("auth")

@@ -106,4 +106,4 @@ async def test_pin_checks_the_resolved_address(tmp_path: object) -> None:
     target = await URLGuard(["0.0.0.0/0"]).pin(f"https://{name}:8443/x")
     assert target.url.host == address
     assert target.headers == {"Host": f"{name}:8443"}
-    assert target.extensions == {"sni_hostname": name}
+    assert target.sni_hostname == name

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import httpx
-
 from services.logs import log_event
 from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
@@ -20,13 +18,12 @@ logger = logging.getLogger("deepdive.reward_server")
 def build_judge(
     config: RewardServerConfig,
     metrics: ServiceMetrics | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
 ) -> Judge:
     judge: Judge
     if config.judge == "openai":
         key = next((k for k in (read_secret(name) for name in KEY_ENVS) if k), None)
         judge = OpenAIJudge(
-            config.judge_upstream, key, config.judge_model, config.judge_cache, metrics, transport
+            config.judge_upstream, key, config.judge_model, config.judge_cache, metrics
         )
     else:
         judge = RuleJudge()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import re
 
-import httpx
 import orjson
 
 from services.cache import AsyncCache, CacheSettings
@@ -75,7 +74,6 @@ class OpenAIJudge(UpstreamProvider):
         model: str = DEFAULT_MODEL,
         cache: CacheSettings | None = None,
         metrics: ServiceMetrics | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         upstream = Upstream(
@@ -83,7 +81,6 @@ class OpenAIJudge(UpstreamProvider):
             settings,
             headers=headers,
             metrics=metrics,
-            transport=transport,
             key_hint=" or ".join(KEY_ENVS),
         )
         super().__init__(upstream, has_key=api_key is not None)

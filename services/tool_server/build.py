@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import httpx
-
 from services.logs import log_event
 from services.metrics import ServiceMetrics
 from services.secrets import read_secret
@@ -23,10 +21,9 @@ logger = logging.getLogger("deepdive.tool_server")
 def build_providers(
     config: ToolServerConfig,
     metrics: ServiceMetrics | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
     show_progress: bool = False,
 ) -> tuple[SearchProvider, PageReader]:
-    """The configured search provider and page reader. `transport` replaces the network in tests."""
+    """The configured search provider and page reader."""
     index: CorpusIndex | None = None
     if "offline" in (config.search, config.reader):
         documents = load_corpus(config.corpus)
@@ -42,7 +39,6 @@ def build_providers(
             gl=config.gl,
             hl=config.hl,
             metrics=metrics,
-            transport=transport,
         )
     elif config.search == "serpapi":
         search = serpapi.SerpApiSearch(
@@ -51,7 +47,6 @@ def build_providers(
             gl=config.gl,
             hl=config.hl,
             metrics=metrics,
-            transport=transport,
         )
     else:
         assert index is not None
@@ -59,11 +54,9 @@ def build_providers(
 
     reader: PageReader
     if config.reader == "jina":
-        reader = jina.JinaReader(
-            config.jina, read_secret(jina.KEY_ENV), guard, metrics=metrics, transport=transport
-        )
+        reader = jina.JinaReader(config.jina, read_secret(jina.KEY_ENV), guard, metrics=metrics)
     elif config.reader == "direct":
-        reader = DirectReader(config.direct, guard, metrics=metrics, transport=transport)
+        reader = DirectReader(config.direct, guard, metrics=metrics)
     else:
         assert index is not None
         reader = OfflineReader(index)

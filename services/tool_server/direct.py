@@ -30,7 +30,6 @@ class DirectReader(UpstreamProvider):
         guard: URLGuard,
         *,
         metrics: ServiceMetrics | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.guard = guard
         upstream = Upstream(
@@ -38,7 +37,6 @@ class DirectReader(UpstreamProvider):
             settings,
             headers={"User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1"},
             metrics=metrics,
-            transport=transport,
         )
         super().__init__(upstream)
 
@@ -50,7 +48,7 @@ class DirectReader(UpstreamProvider):
                 "GET",
                 str(target.url),
                 headers=target.headers,
-                extensions=target.extensions,
+                sni_hostname=target.sni_hostname,
                 deadline=deadline,
             )
             location = reply.headers.get("location")
@@ -58,7 +56,7 @@ class DirectReader(UpstreamProvider):
                 current = str(httpx.URL(current).join(location))
                 continue
             content_type = reply.headers.get("content-type", "").split(";")[0].strip().lower()
-            body = reply.content.decode(reply.response.encoding or "utf-8", errors="replace")
+            body = reply.text()
             if content_type in _TEXT_TYPES:
                 return ensure_readable(Page(url=current, title="", text=body), self.name)
             if content_type not in ("text/html", "application/xhtml+xml", ""):

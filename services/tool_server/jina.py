@@ -6,8 +6,6 @@ literal private address) so the model cannot aim the reader at an internal host.
 
 from __future__ import annotations
 
-import httpx
-
 from services.exceptions import UpstreamBadResponse
 from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
 from services.metrics import ServiceMetrics
@@ -31,7 +29,6 @@ class JinaReader(UpstreamProvider):
         guard: URLGuard,
         *,
         metrics: ServiceMetrics | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.guard = guard
         headers = {"Accept": "application/json", "X-Return-Format": "markdown"}
@@ -42,7 +39,6 @@ class JinaReader(UpstreamProvider):
             settings,
             headers=headers,
             metrics=metrics,
-            transport=transport,
             key_hint=KEY_ENV,
         )
         super().__init__(upstream, has_key=api_key is not None)

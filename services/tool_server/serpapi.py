@@ -6,8 +6,6 @@ SerpAPI reports some errors inside an HTTP 200 body ({"error": "..."}), includin
 
 from __future__ import annotations
 
-import httpx
-
 from services.exceptions import UpstreamAuthError, UpstreamBadResponse, UpstreamError
 from services.http import (
     Upstream,
@@ -52,7 +50,6 @@ class SerpApiSearch(UpstreamProvider):
         gl: str | None = None,
         hl: str | None = None,
         metrics: ServiceMetrics | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._api_key = api_key
         register_secret(api_key)  # it travels in the query string: keep it out of every message
@@ -61,7 +58,6 @@ class SerpApiSearch(UpstreamProvider):
             self.name,
             settings,
             metrics=metrics,
-            transport=transport,
             key_hint=KEY_ENV,
             classify_error=_classify,
         )

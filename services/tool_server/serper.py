@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
@@ -28,7 +26,6 @@ class SerperSearch(UpstreamProvider):
         gl: str | None = None,
         hl: str | None = None,
         metrics: ServiceMetrics | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._locale = search_locale(gl, hl)
         headers = {"X-API-KEY": api_key} if api_key else {}
@@ -37,7 +34,6 @@ class SerperSearch(UpstreamProvider):
             settings,
             headers=headers,
             metrics=metrics,
-            transport=transport,
             key_hint=KEY_ENV,
         )
         super().__init__(upstream, has_key=api_key is not None)

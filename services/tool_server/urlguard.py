@@ -76,7 +76,7 @@ class PinnedTarget:
 
     url: httpx.URL
     headers: dict[str, str]
-    extensions: dict[str, str]
+    sni_hostname: str | None
 
 
 class URLGuard:
@@ -134,9 +134,8 @@ class URLGuard:
                 raise URLRejected(f"the host {host} resolves to a private or reserved address")
             address = addresses[0]
         host_header = host if parsed.port is None else f"{host}:{parsed.port}"
-        extensions = {"sni_hostname": host} if parsed.scheme == "https" and literal is None else {}
         return PinnedTarget(
             url=parsed.copy_with(host=str(address)),
             headers={"Host": host_header},
-            extensions=extensions,
+            sni_hostname=host if parsed.scheme == "https" and literal is None else None,
         )

@@ -141,7 +141,10 @@ class Upstream:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self.settings.max_concurrency, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, trust_env=False, auto_decompress=True
+                connector=connector,
+                headers=self._headers,
+                cookie_jar=aiohttp.DummyCookieJar(),  # API calls never carry state between them
+                trust_env=False,
             )
         return self._session
 

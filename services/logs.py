@@ -62,8 +62,8 @@ class RedactingFilter(logging.Filter):
 
 
 def redact_third_party_loggers() -> None:
-    """httpx logs each request URL at INFO (SerpAPI's key is in it): redact at the source."""
-    for name in ("httpx", "httpcore"):
+    """HTTP libraries may log request URLs (SerpAPI's key is in its URL): redact at the source."""
+    for name in ("httpx", "httpcore", "aiohttp.client", "aiohttp.internal"):
         target = logging.getLogger(name)
         if not any(isinstance(f, RedactingFilter) for f in target.filters):
             target.addFilter(RedactingFilter())

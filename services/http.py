@@ -235,7 +235,9 @@ class Upstream:
         if deadline is not None:
             read = max(0.001, min(read, deadline - time.monotonic()))
         timeout = aiohttp.ClientTimeout(
-            total=None, connect=min(read, self.settings.connect_timeout_s), sock_read=read
+            total=read if deadline is not None else None,  # the attempt ends by the deadline
+            connect=min(read, self.settings.connect_timeout_s),
+            sock_read=read,
         )
         session = self._open_session()
         async with session.request(

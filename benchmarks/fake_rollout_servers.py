@@ -12,7 +12,8 @@ from collections import defaultdict
 from typing import Any
 
 import orjson
-import uvicorn
+
+from benchmarks.harness import serve_fake
 
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "orrery"}}</tool_call>'
 FINISH = '<tool_call>{"name": "finish", "arguments": {"answer": "Ilse Varen"}}</tool_call>'
@@ -70,14 +71,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--turns", type=int, default=16)
     args = parser.parse_args()
-    uvicorn.run(
-        create_app(args.turns),
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-    )
+    serve_fake(create_app(args.turns), args.port)
 
 
 if __name__ == "__main__":

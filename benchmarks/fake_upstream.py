@@ -11,11 +11,12 @@ import argparse
 import asyncio
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from benchmarks.harness import serve_fake
 
 
 def create_app(latency_s: float) -> Starlette:
@@ -83,14 +84,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency", type=float, default=0.05)
     args = parser.parse_args()
-    uvicorn.run(
-        create_app(args.latency),
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-    )
+    serve_fake(create_app(args.latency), args.port)
 
 
 if __name__ == "__main__":

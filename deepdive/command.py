@@ -9,8 +9,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from deepdive.convert import ConversionError, convert, default_eval_path, slime_flags, summary_text
+from deepdive.convert import (
+    AtomicJsonlWriter,
+    ConversionError,
+    convert,
+    default_eval_path,
+    slime_flags,
+    summary_text,
+)
+from deepdive.demonstrations import Demonstrator, demonstration_row
+from deepdive.world import WorldSizes, corpus, generate_questions, generate_world
 from services.exceptions import ConfigError
+from services.tool_server.corpus import CorpusIndex, Document
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,3 +98,96 @@ def run_convert(args: argparse.Namespace) -> None:
     console.print(
         "slime flags for this data:\n  " + " \\\n  ".join(flags), highlight=False, soft_wrap=True
     )
+
+
+def add_world_arguments(parser: argparse.ArgumentParser) -> None:
+    sizes = WorldSizes()
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for corpus, questions and demonstrations"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the same seed gives the same world (default: %(default)s)",
+    )
+    for name in ("people", "cities", "guilds", "artifacts"):
+        parser.add_argument(
+            f"--{name}",
+            type=int,
+            default=getattr(sizes, name),
+            help=f"how many {name} (default: %(default)s)",
+        )
+    parser.add_argument(
+        "--train",
+        type=int,
+        default=sizes.train_questions,
+        help="training questions (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--eval",
+        type=int,
+        default=sizes.eval_questions,
+        help="held-out questions (default: %(default)s)",
+    )
+
+
+def run_world(args: argparse.Namespace) -> None:
+    console = Console(stderr=True)
+    for name in ("people", "cities", "guilds", "artifacts", "train", "eval"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name}: expected at least 1, got {getattr(args, name)}")
+    sizes = WorldSizes(args.people, args.cities, args.guilds, args.artifacts, args.train, args.eval)
+    manifest = write_world(args.out, args.seed, sizes)
+    console.print(
+        f"world seed {args.seed}: {manifest['documents']} documents, {manifest['train']} train and "
+        f"{manifest['eval']} eval questions (hops {manifest['hops']}), "
+        f"{manifest['demonstrations']} demonstrations in {args.out}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
+    """Write corpus.jsonl, qa_train.jsonl, qa_eval.jsonl, demonstrations.jsonl, manifest.json."""
+    world = generate_world(seed, sizes)
+    documents = corpus(world)
+    taken: set[str] = set()
+    train = generate_questions(world, sizes.train_questions, seed * 1_000 + 1, taken)
+    held_out = generate_questions(world, sizes.eval_questions, seed * 1_000 + 2, taken)
+    index = CorpusIndex.open([Document(**d) for d in documents], None, show_progress=False)
+    demonstrator = Demonstrator(world, index)
+    demonstrations = []
+    for question in train:
+        segments = demonstrator.demonstrate(question)
+        if segments is not None:
+            demonstrations.append(demonstration_row(question, segments))
+    hops: dict[int, int] = {}
+    for question in [*train, *held_out]:
+        hops[question.hops] = hops.get(question.hops, 0) + 1
+    manifest: dict[str, object] = {
+        "seed": seed,
+        "sizes": sizes.__dict__,
+        "documents": len(documents),
+        "train": len(train),
+        "eval": len(held_out),
+        "demonstrations": len(demonstrations),
+        "hops": {str(k): v for k, v in sorted(hops.items())},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (
+        ("corpus.jsonl", documents),
+        ("qa_train.jsonl", [q.as_row() for q in train]),
+        ("qa_eval.jsonl", [q.as_row() for q in held_out]),
+        ("demonstrations.jsonl", demonstrations),
+        ("manifest.json", [manifest]),
+    ):
+        writer = AtomicJsonlWriter(out / name)
+        try:
+            for row in rows:
+                writer.write(row)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit()
+    return manifest

@@ -212,6 +212,12 @@ def slime_flags(train_path: Path, eval_path: Path | None = None) -> list[str]:
     return flags
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 class AtomicJsonlWriter:
     """Rows go to a temporary file beside the target, renamed into place only on success."""
 
@@ -229,6 +235,7 @@ class AtomicJsonlWriter:
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self._handle.close()
+        os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp makes 0600; data is for the whole team
         os.replace(self._tmp, self.target)
 
     def abort(self) -> None:

@@ -28,6 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     deepdive_command.add_convert_arguments(convert)
     convert.set_defaults(handler=deepdive_command.run_convert)
 
+    world = commands.add_parser(
+        "world",
+        help="generate the offline world: corpus, questions, demonstrations",
+        description="Generate a fictional world (deterministic by seed) for runs without internet.",
+    )
+    deepdive_command.add_world_arguments(world)
+    world.set_defaults(handler=deepdive_command.run_world)
+
     serve = commands.add_parser("serve", help="run one of the HTTP services")
     services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
     tools = services.add_parser(

@@ -1,0 +1,79 @@
+"""Demonstration trajectories for a short supervised warm start (DeepDive also starts RL from SFT).
+
+Each demonstration is what a competent agent would do for one world question: search for the
+start entity by its description, click it, then search and click each entity along the walk,
+and finish with the answer. Observations are produced by the tool server's own offline search,
+result formatting and page formatting, so they are exactly what the rollout will see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deepdive.protocol import FINISH, SYSTEM_PROMPT, format_tool_call
+from deepdive.rollout import observation_text
+from deepdive.world import Question, World, describe
+from services.tool_server.corpus import CorpusIndex, Document
+from services.tool_server.formatting import format_page, format_results, split_pages
+from services.tool_server.models import Page, SearchResult
+from services.tool_server.offline import snippet_of
+
+RESULTS_PER_SEARCH = 5
+PAGE_CHARS = 10_000
+
+
+@dataclass(frozen=True)
+class Segment:
+    role: str  # "model" (trained on) or "observation" (masked out)
+    text: str
+
+
+class Demonstrator:
+    def __init__(self, world: World, index: CorpusIndex) -> None:
+        self.world = world
+        self.index = index
+
+    def _search(self, query: str) -> tuple[str, list[Document]]:
+        found = self.index.search(query, RESULTS_PER_SEARCH)
+        results = [SearchResult(d.title, d.url, snippet_of(d.text)) for d in found]
+        return format_results(results), found
+
+    def _page(self, doc: Document) -> str:
+        page = Page(doc.url, doc.title, doc.text)
+        return format_page(page, split_pages(page.text, PAGE_CHARS), 1)
+
+    def demonstrate(self, question: Question) -> list[Segment] | None:
+        """The segments of one trajectory, or None when search cannot reach a step (skipped)."""
+        segments: list[Segment] = []
+        for step, name in enumerate(question.path):
+            entity = self.world.entities[name]
+            query = describe(entity) if step == 0 else name
+            thought = f"I need to find {query}." if step == 0 else f"Next I look up {name}."
+            observation, found = self._search(query)
+            call = format_tool_call("search", {"query": query, "num": RESULTS_PER_SEARCH})
+            segments.append(Segment("model", f"{thought}\n{call}"))
+            segments.append(Segment("observation", observation_text(observation)))
+            rank = next((i for i, doc in enumerate(found, start=1) if doc.title == name), None)
+            if rank is None:
+                return None
+            segments.append(Segment("model", format_tool_call("click", {"link_id": rank})))
+            segments.append(Segment("observation", observation_text(self._page(found[rank - 1]))))
+        final = f"The answer is {question.answer}.\n" + format_tool_call(
+            FINISH, {"answer": question.answer}
+        )
+        segments.append(Segment("model", final))
+        return segments
+
+
+def demonstration_row(question: Question, segments: list[Segment]) -> dict[str, Any]:
+    return {
+        "id": question.id,
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": question.question},
+        ],
+        "segments": [{"role": s.role, "text": s.text} for s in segments],
+        "response": "".join(s.text for s in segments),
+        "answer": question.answer,
+    }

@@ -1,0 +1,162 @@
+"""The offline world: deterministic, answerable only by searching, and consistent with the tool
+server, the converter and the reward server that will train on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from deepdive.command import write_world
+from deepdive.convert import convert
+from deepdive.protocol import find_tool_calls
+from deepdive.rollout import observation_text
+from deepdive.world import WorldSizes, describe, generate_questions, generate_world
+from services.metrics import ServiceMetrics
+from services.reward_server.evaluator import Evaluator
+from services.reward_server.models import EvaluationRequest
+from services.reward_server.rule_judge import RuleJudge
+from services.tool_server.app import create_app
+from services.tool_server.build import build_providers
+from services.tool_server.config import ToolServerConfig
+from services.tool_server.corpus import read_jsonl_corpus
+from services.tool_server.tools import ToolExecutor
+from tests.conftest import serve_in_thread
+
+SMALL = WorldSizes(
+    people=24, cities=8, guilds=6, artifacts=16, train_questions=60, eval_questions=20
+)
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("world")
+    write_world(out, seed=7, sizes=SMALL)
+    return out
+
+
+def test_the_same_seed_gives_the_same_world(world_dir: Path, tmp_path: Path) -> None:
+    write_world(tmp_path / "again", seed=7, sizes=SMALL)
+    write_world(tmp_path / "other", seed=8, sizes=SMALL)
+    for name in (
+        "corpus.jsonl",
+        "qa_train.jsonl",
+        "qa_eval.jsonl",
+        "demonstrations.jsonl",
+        "manifest.json",
+    ):
+        assert (tmp_path / "again" / name).read_bytes() == (world_dir / name).read_bytes(), name
+    assert (tmp_path / "other" / "corpus.jsonl").read_bytes() != (
+        world_dir / "corpus.jsonl"
+    ).read_bytes()
+
+
+def test_questions_are_answered_by_walking_the_graph(world_dir: Path) -> None:
+    world = generate_world(7, SMALL)
+    train, held_out = rows(world_dir / "qa_train.jsonl"), rows(world_dir / "qa_eval.jsonl")
+    assert (len(train), len(held_out)) == (60, 20)
+    assert not {q["question"] for q in train} & {q["question"] for q in held_out}
+    assert {q["hops"] for q in train + held_out} == {1, 2, 3}
+    for question in train + held_out:
+        path = question["path"]
+        assert len(path) - 1 <= question["hops"] <= len(path)
+        assert (
+            question["answer"] not in question["question"]
+        )  # the start entity is described, not named
+        assert path[0] not in question["question"]
+        entities = [world.entities[name] for name in path]
+        if len(path) == question["hops"] + 1:
+            assert question["answer"] == entities[-1].name
+        else:  # the last step reads an attribute (a year)
+            assert question["answer"].isdigit()
+
+
+def test_generation_is_unambiguous() -> None:
+    world = generate_world(3, SMALL)
+    questions = generate_questions(world, 40, 5)
+    assert len(questions) == 40
+    for question in questions:
+        start = world.entities[question.path[0]]
+        described_alike = [e for e in world.of_kind(start.kind) if describe(e) == describe(start)]
+        assert described_alike == [start]  # one entity fits the description: one answer
+
+
+def test_the_corpus_loads_and_the_questions_convert(world_dir: Path, tmp_path: Path) -> None:
+    documents = read_jsonl_corpus(world_dir / "corpus.jsonl")
+    assert len(documents) == 24 + 8 + 6 + 16
+    summary = convert(world_dir / "qa_train.jsonl", tmp_path / "train.jsonl")
+    assert (summary.written, sum(summary.skipped.values()), summary.duplicates) == (60, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_every_demonstration_earns_the_strict_reward(world_dir: Path) -> None:
+    evaluator = Evaluator(RuleJudge(), deadline_s=5)
+    demonstrations = rows(world_dir / "demonstrations.jsonl")
+    assert len(demonstrations) == 60
+    for demo in demonstrations:
+        question = demo["messages"][1]["content"]
+        request = EvaluationRequest(demo["response"], (demo["answer"],), question)
+        assert (await evaluator.evaluate(request)).reward == 1, demo["id"]
+        assert demo["response"] == "".join(s["text"] for s in demo["segments"])
+
+
+def test_demonstration_observations_are_what_the_tool_server_answers(
+    world_dir: Path, tmp_path: Path
+) -> None:
+    config = ToolServerConfig(corpus=world_dir / "corpus.jsonl", index_cache_dir=tmp_path / "idx")
+    metrics = ServiceMetrics("tool")
+    search, reader = build_providers(config, metrics)
+    app = create_app(ToolExecutor(config, search, reader, metrics), metrics)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base) as client:
+        for demo in rows(world_dir / "demonstrations.jsonl")[:12]:
+            segments = demo["segments"]
+            for model, observation in zip(segments[0::2], segments[1::2], strict=False):
+                call = find_tool_calls(model["text"])[-1].call
+                assert call is not None
+                arguments = {k: v for k, v in call.arguments.items() if v is not None}
+                reply = client.post(
+                    "/tool",
+                    json={"session_id": demo["id"], "name": call.name, "arguments": arguments},
+                )
+                assert observation_text(reply.json()["observation"]) == observation["text"]
+
+
+def test_the_command(tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm.cli",
+            "world",
+            "--out",
+            str(out),
+            "--seed",
+            "1",
+            "--train",
+            "10",
+            "--eval",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((out / "manifest.json").read_text())["train"] == 10
+    bad = subprocess.run(
+        [sys.executable, "-m", "slurm.cli", "world", "--out", str(out), "--people", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--people: expected at least 1" in bad.stderr

@@ -13,7 +13,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,corpus,parquet]'
+	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet -e '.[test,corpus,parquet,local]'
 	touch $(STAMP)
 
 lint: setup

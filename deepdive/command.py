@@ -191,3 +191,46 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
             raise
         writer.commit()
     return manifest
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    from services.serve import add_server_arguments
+
+    add_server_arguments(parser, 30000)
+    parser.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="a local Hugging Face causal-LM folder (model and tokenizer)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="requests decoded together at most (default: %(default)s)",
+    )
+
+
+def run_engine(args: argparse.Namespace) -> None:
+    """`deepdive serve engine`: SGLang's /generate for a local model, on CPU (or one GPU)."""
+    from deepdive.engine import LocalEngine, create_engine_app
+    from deepdive.local_model import load_model
+    from services.serve import announcer, bind, prepare, serve
+
+    token = prepare(args)
+    if not (args.model / "config.json").is_file():
+        raise ConfigError(
+            f"--model {args.model}: no config.json (expected a Hugging Face model folder)"
+        )
+    sock = bind(args.host, args.port)
+    model, tokenizer = load_model(args.model)
+    app = create_engine_app(LocalEngine(model, tokenizer, max_batch=args.max_batch))
+    examples = [
+        'try: curl -s -X POST {base}/generate -d \'{{"input_ids": [1, 2, 3], "sampling_params": {{"max_new_tokens": 8}}}}\''
+    ]
+    serve(
+        app,
+        sock,
+        log_level=args.log_level,
+        on_listening=announcer(f"local engine ({args.model})", token, examples),
+    )

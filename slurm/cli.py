@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reward_server_command.add_arguments(reward)
     reward.set_defaults(handler=reward_server_command.run)
+    engine = services.add_parser(
+        "engine",
+        help="the local inference engine (SGLang's /generate for a local model)",
+        description="Serve a local Hugging Face causal LM with SGLang's /generate API, batched.",
+    )
+    deepdive_command.add_engine_arguments(engine)
+    engine.set_defaults(handler=deepdive_command.run_engine)
     return parser
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import reward_server, rollout, tool_server
+from benchmarks import engine, reward_server, rollout, tool_server
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -99,7 +99,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
     parser.add_argument(
-        "--only", choices=["tool_server", "reward_server", "rollout"], help="run one benchmark"
+        "--only",
+        choices=["tool_server", "reward_server", "rollout", "engine"],
+        help="run one benchmark",
     )
     args = parser.parse_args()
     console = Console(width=160)
@@ -121,6 +123,13 @@ def main() -> None:
             f"{results['turns_per_s']:.0f} turns/s, {results['rollout_cpu_ms_per_turn']:.2f} ms of CPU "
             f"per turn ({results['turns_per_cpu_s']:.0f} turns per CPU-second)"
         )
+    if args.only in (None, "engine"):
+        results = engine.run()
+        (RESULTS / "engine.json").write_text(json.dumps(results, indent=2))
+        speeds = ", ".join(
+            f"batch {r['batch']}: {r['tokens_per_s']:.0f} tokens/s" for r in results["runs"]
+        )
+        console.print(f"local engine ({results['parameters']:,} parameters, one thread): {speeds}")
 
 
 if __name__ == "__main__":

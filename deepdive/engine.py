@@ -116,7 +116,6 @@ class LocalEngine:
             eos = {self.tokenizer.eos_token_id}
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             past, logits = out.cache, out.logits[:, -1, :].float()
-            step = 0
             while any(active):
                 logprobs = torch.log_softmax(logits, dim=-1)
                 next_ids = []
@@ -140,7 +139,6 @@ class LocalEngine:
                         result.finish_reason, active[row] = "length", False
                 if not any(active):
                     break
-                step += 1
                 mask = torch.cat(
                     [mask, torch.ones((len(requests), 1), dtype=mask.dtype, device=device)], dim=-1
                 )

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from deepdive.clients import service_client
 from deepdive.protocol import (
@@ -38,10 +38,6 @@ from services.logs import log_event
 
 logger = logging.getLogger("deepdive.rollout")
 _TOKENIZERS: dict[str, Any] = {}
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
 def tokenizer_for(args: Any) -> Any:

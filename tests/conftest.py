@@ -96,11 +96,6 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
         stop()
 
 
-@pytest.fixture
-def live_server() -> Callable[[ASGIApp], object]:
-    return serve_in_thread
-
-
 @pytest.fixture(scope="session")
 def httpserver_listen_address() -> tuple[str, int]:
     """Fake upstreams listen on 127.0.0.1 (not "localhost", which may also mean ::1)."""

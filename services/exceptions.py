@@ -46,6 +46,11 @@ class RequestError(ServiceError):
     status_code = 422
 
 
+class InvalidJSON(RequestError):
+    code = "invalid_json"
+    status_code = 400
+
+
 class PayloadTooLarge(RequestError):
     code = "payload_too_large"
     status_code = 413

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.exceptions import PayloadTooLarge, RequestError
+from services.exceptions import InvalidJSON, PayloadTooLarge, RequestError
 from services.logs import log_event
 from services.metrics import ServiceMetrics
 
@@ -78,18 +78,11 @@ async def read_json_body(request: Request, max_bytes: int) -> Any:
         chunks.append(chunk)
     body = b"".join(chunks)
     if not body:
-        raise _bad_json("the request body is empty; expected a JSON object")
+        raise InvalidJSON("the request body is empty; expected a JSON object")
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _bad_json(f"the request body is not valid JSON: {exc}") from None
-
-
-def _bad_json(message: str) -> RequestError:
-    error = RequestError(message)
-    error.code = "invalid_json"
-    error.status_code = 400
-    return error
+        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -162,9 +163,7 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
         segments = demonstrator.demonstrate(question)
         if segments is not None:
             demonstrations.append(demonstration_row(question, segments))
-    hops: dict[int, int] = {}
-    for question in [*train, *held_out]:
-        hops[question.hops] = hops.get(question.hops, 0) + 1
+    hops = Counter(question.hops for question in [*train, *held_out])
     manifest: dict[str, object] = {
         "seed": seed,
         "sizes": sizes.__dict__,
@@ -182,14 +181,9 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
         ("demonstrations.jsonl", demonstrations),
         ("manifest.json", [manifest]),
     ):
-        writer = AtomicJsonlWriter(out / name)
-        try:
+        with AtomicJsonlWriter(out / name) as writer:
             for row in rows:
                 writer.write(row)
-        except BaseException:
-            writer.abort()
-            raise
-        writer.commit()
     return manifest
 
 

@@ -12,6 +12,7 @@ exactly the protocol the rollout parses and the reward server checks.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -219,7 +220,10 @@ def _umask() -> int:
 
 
 class AtomicJsonlWriter:
-    """Rows go to a temporary file beside the target, renamed into place only on success."""
+    """Rows go to a temporary file beside the target, renamed into place only on success.
+
+    As a context manager: committed when the block ends normally, discarded when it raises.
+    """
 
     def __init__(self, target: Path) -> None:
         self.target = target
@@ -242,6 +246,15 @@ class AtomicJsonlWriter:
         self._handle.close()
         self._tmp.unlink(missing_ok=True)
 
+    def __enter__(self) -> AtomicJsonlWriter:
+        return self
+
+    def __exit__(self, error_type: type[BaseException] | None, *_: object) -> None:
+        if error_type is None:
+            self.commit()
+        else:
+            self.abort()
+
 
 def convert(
     source_path: Path,
@@ -260,10 +273,13 @@ def convert(
         raise ConversionError(f"--split-eval: expected a fraction in [0, 1), got {eval_fraction}")
     summary = ConversionSummary()
     seen: set[str] = set()
-    writers = [AtomicJsonlWriter(output)]
-    if eval_fraction > 0:
-        writers.append(AtomicJsonlWriter(eval_output or default_eval_path(output)))
-    try:
+    with contextlib.ExitStack() as stack:  # every file is committed, or none is
+        train = stack.enter_context(AtomicJsonlWriter(output))
+        held_out = None
+        if eval_fraction > 0:
+            held_out = stack.enter_context(
+                AtomicJsonlWriter(eval_output or default_eval_path(output))
+            )
         for line, row in read_rows(source_path):
             summary.read += 1
             if on_row is not None:
@@ -279,20 +295,14 @@ def convert(
                 summary.duplicates += 1
                 continue
             seen.add(key)
-            if len(writers) > 1 and is_eval(record.id, eval_fraction, seed):
-                writers[1].write(prompt_row(record, source))
+            if held_out is not None and is_eval(record.id, eval_fraction, seed):
+                held_out.write(prompt_row(record, source))
                 summary.eval_written += 1
             else:
-                writers[0].write(prompt_row(record, source))
+                train.write(prompt_row(record, source))
                 summary.written += 1
         if summary.written == 0:
             raise ConversionError(f"{source_path}: no valid rows to write")
-    except BaseException:
-        for writer in writers:
-            writer.abort()
-        raise
-    for writer in writers:
-        writer.commit()
     return summary
 
 

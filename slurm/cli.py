@@ -6,11 +6,64 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from deepdive import command as deepdive_command
 from services.exceptions import ConfigError
 from services.reward_server import command as reward_server_command
 from services.tool_server import command as tool_server_command
+
+Subcommand = tuple[
+    str, str, str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], None]
+]
+
+# name, one-line help, description, options, handler
+COMMANDS: list[Subcommand] = [
+    (
+        "convert",
+        "convert DeepDive QA rows into slime prompt rows",
+        "Turn QA rows (question, answer, id?, aliases?) into slime's prompt format.",
+        deepdive_command.add_convert_arguments,
+        deepdive_command.run_convert,
+    ),
+    (
+        "world",
+        "generate the offline world: corpus, questions, demonstrations",
+        "Generate a fictional world (deterministic by seed) for runs without internet.",
+        deepdive_command.add_world_arguments,
+        deepdive_command.run_world,
+    ),
+]
+SERVICES: list[Subcommand] = [
+    (
+        "tools",
+        "the tool server (search / click / open)",
+        "Serve search, click and open over HTTP (POST /tool).",
+        tool_server_command.add_arguments,
+        tool_server_command.run,
+    ),
+    (
+        "reward",
+        "the reward server (strict binary reward)",
+        "Serve DeepDive's strict binary reward over HTTP (POST /evaluate).",
+        reward_server_command.add_arguments,
+        reward_server_command.run,
+    ),
+    (
+        "engine",
+        "the local inference engine (SGLang's /generate for a local model)",
+        "Serve a local Hugging Face causal LM with SGLang's /generate API, batched.",
+        deepdive_command.add_engine_arguments,
+        deepdive_command.run_engine,
+    ),
+]
+
+
+def _add(group: Any, subcommands: list[Subcommand]) -> None:
+    for name, summary, description, add_arguments, handler in subcommands:
+        parser = group.add_parser(name, help=summary, description=description)
+        add_arguments(parser)
+        parser.set_defaults(handler=handler)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,46 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train DeepDive-style web-search agents with multi-turn GRPO on Slurm.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    convert = commands.add_parser(
-        "convert",
-        help="convert DeepDive QA rows into slime prompt rows",
-        description="Turn QA rows (question, answer, id?, aliases?) into slime's prompt format.",
-    )
-    deepdive_command.add_convert_arguments(convert)
-    convert.set_defaults(handler=deepdive_command.run_convert)
-
-    world = commands.add_parser(
-        "world",
-        help="generate the offline world: corpus, questions, demonstrations",
-        description="Generate a fictional world (deterministic by seed) for runs without internet.",
-    )
-    deepdive_command.add_world_arguments(world)
-    world.set_defaults(handler=deepdive_command.run_world)
-
+    _add(commands, COMMANDS)
     serve = commands.add_parser("serve", help="run one of the HTTP services")
-    services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
-    tools = services.add_parser(
-        "tools",
-        help="the tool server (search / click / open)",
-        description="Serve search, click and open over HTTP (POST /tool).",
-    )
-    tool_server_command.add_arguments(tools)
-    tools.set_defaults(handler=tool_server_command.run)
-    reward = services.add_parser(
-        "reward",
-        help="the reward server (strict binary reward)",
-        description="Serve DeepDive's strict binary reward over HTTP (POST /evaluate).",
-    )
-    reward_server_command.add_arguments(reward)
-    reward.set_defaults(handler=reward_server_command.run)
-    engine = services.add_parser(
-        "engine",
-        help="the local inference engine (SGLang's /generate for a local model)",
-        description="Serve a local Hugging Face causal LM with SGLang's /generate API, batched.",
-    )
-    deepdive_command.add_engine_arguments(engine)
-    engine.set_defaults(handler=deepdive_command.run_engine)
+    _add(serve.add_subparsers(dest="service", required=True, metavar="SERVICE"), SERVICES)
     return parser
 
 

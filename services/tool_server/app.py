@@ -46,7 +46,7 @@ def create_app(
         except RequestError as error:
             _record(metrics, name, error.code, started, session=None, cache=None)
             return request_error_response(error)
-        name = call.name if call.name in _KNOWN else "unknown"
+        name = call.name if call.name in executor.tool_names else "unknown"  # bounded labels
         try:
             outcome = await executor.call(call)
         except ToolError as error:
@@ -72,9 +72,6 @@ def create_app(
         on_shutdown=executor.aclose,
         token=token,
     )
-
-
-_KNOWN = frozenset({"search", "click", "open", "start_session", "close_session"})
 
 
 def _record(

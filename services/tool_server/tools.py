@@ -65,6 +65,11 @@ class ToolExecutor:
             "close_session": self._close_session,
         }
 
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """Every name `call` accepts (metrics label anything else "unknown")."""
+        return frozenset(self._handlers)
+
     async def aclose(self) -> None:
         await self.search_provider.aclose()
         await self.reader.aclose()

@@ -64,11 +64,9 @@ class ToolExecutor:
             "start_session": self._start_session,
             "close_session": self._close_session,
         }
-
-    @property
-    def tool_names(self) -> frozenset[str]:
-        """Every name `call` accepts (metrics label anything else "unknown")."""
-        return frozenset(self._handlers)
+        self.tool_names = frozenset(
+            self._handlers
+        )  # what `call` accepts; metrics label the rest "unknown"
 
     async def aclose(self) -> None:
         await self.search_provider.aclose()

@@ -228,3 +228,23 @@ def run_engine(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         on_listening=announcer(f"local engine ({args.model})", token, examples),
     )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config",
+        type=Path,
+        nargs="?",
+        help="a TOML file (configs/local.toml); without one, the embedded defaults",
+    )
+
+
+def run_local(args: argparse.Namespace) -> None:
+    """`deepdive run`: world, services, warm start, GRPO, evaluation, on this machine."""
+    from deepdive.local_config import LocalRunConfig, load_local_config
+    from deepdive.local_run import LocalRun, print_summary
+
+    config = load_local_config(args.config) if args.config else LocalRunConfig()
+    console = Console(stderr=True)
+    summary = LocalRun(config, console).run()
+    print_summary(summary, Console())

@@ -19,7 +19,7 @@ from services.tool_server.formatting import format_page, format_results, split_p
 from services.tool_server.models import Page, SearchResult
 from services.tool_server.offline import snippet_of
 
-RESULTS_PER_SEARCH = 5
+RESULTS_PER_SEARCH = 3
 PAGE_CHARS = 10_000
 
 

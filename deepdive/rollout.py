@@ -229,7 +229,7 @@ async def generate_with_tool(
                 settings,
                 session_id,
                 trajectory.prompt_ids + trajectory.ids,
-                {**base_params, "max_new_tokens": max_new},
+                _turn_params(base_params, max_new, stats.turns),
             )
         except ServiceError as error:
             stats.error = f"sglang: {error.message}"
@@ -279,6 +279,15 @@ async def generate_with_tool(
             break
         trajectory.add_observation(ids, text)
     return _finish_sample(sample, trajectory, prompt_text, session_id, status, stats, evaluation)
+
+
+def _turn_params(base: dict[str, Any], max_new: int, turn: int) -> dict[str, Any]:
+    """A turn's sampling parameters. A fixed `sampling_seed` (reproducible runs) is offset by
+    the turn number, so turns do not replay the same random stream."""
+    params = {**base, "max_new_tokens": max_new}
+    if isinstance(base.get("sampling_seed"), int):
+        params["sampling_seed"] = base["sampling_seed"] + turn
+    return params
 
 
 def _finish_sample(

@@ -7,6 +7,8 @@ import argparse
 import ipaddress
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -116,3 +118,25 @@ def serve(
     if on_listening is not None:
         on_listening(host, port)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def start_server_thread(app: ASGIApp, sock: socket.socket) -> Callable[[], None]:
+    """Serve `app` under uvicorn on a bound socket in a daemon thread (its own event loop), for
+    in-process servers (the local engine, tests); returns the function that stops it."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+    return stop

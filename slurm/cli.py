@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deepdive import command as deepdive_command
-from services.exceptions import ConfigError
+from services.exceptions import ConfigError, ServiceError
 from services.reward_server import command as reward_server_command
 from services.tool_server import command as tool_server_command
 
@@ -32,6 +32,13 @@ COMMANDS: list[Subcommand] = [
         "Generate a fictional world (deterministic by seed) for runs without internet.",
         deepdive_command.add_world_arguments,
         deepdive_command.run_world,
+    ),
+    (
+        "run",
+        "train on this machine: world, services, warm start, GRPO, evaluation",
+        "Run the whole pipeline locally (no GPU, keys or cluster); resumes from its checkpoints.",
+        deepdive_command.add_run_arguments,
+        deepdive_command.run_local,
     ),
 ]
 SERVICES: list[Subcommand] = [
@@ -87,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"deepdive: error: {error.message}", file=sys.stderr)
         return 2
+    except ServiceError as error:  # a service that would not start, an upstream that failed
+        print(f"deepdive: error: {error.message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return 0

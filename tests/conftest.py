@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
 import pytest
-import uvicorn
 from pytest_httpserver import HTTPServer
 from starlette.types import ASGIApp
 
-from services.serve import bind
+from services.serve import bind, start_server_thread
 
 FORBIDDEN_QUESTION = (
     "Which reclusive clockmaker from the valley of Vorn built the silver orrery that was "
@@ -62,27 +59,6 @@ def corpus_file(tmp_path: Path) -> Path:
     path = tmp_path / "corpus.jsonl"
     path.write_bytes(b"\n".join(orjson.dumps(doc) for doc in DOCUMENTS) + b"\n")
     return path
-
-
-def start_server_thread(app: ASGIApp, sock: socket.socket) -> Callable[[], None]:
-    """Run `app` under a real uvicorn on a bound socket, in a thread; return the stop function."""
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-
-    return stop
 
 
 @contextmanager

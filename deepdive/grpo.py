@@ -1,0 +1,107 @@
+"""The GRPO arithmetic, as slime computes it, for the local trainer.
+
+- Advantages (slime's `_post_process_rewards` with `--advantage-estimator grpo
+  --rewards-normalization`): per prompt group, r - mean(r); with `--grpo-std-normalization`
+  (slime's default) divided by std(r) + 1e-6, where std is torch's unbiased one. Every
+  response token of a sample gets its sample's advantage (slime's `get_grpo_returns`).
+- Policy loss (`compute_policy_loss`): ratio = exp(logp - logp_old); the PPO-clip objective
+  max(-ratio * A, -clip(ratio, 1 - eps, 1 + eps_high) * A) on loss-mask-1 tokens.
+- KL to a reference (`--use-kl-loss --kl-loss-type low_var_kl`): the k3 estimator
+  exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10].
+- Reduction (slime's default, per-sample mean): each sample's masked token mean, averaged over
+  samples, so a long trajectory does not outweigh a short one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+STD_EPSILON = 1e-6
+
+
+def group_advantages(
+    rewards: Sequence[float], group_size: int, normalize_std: bool = True
+) -> list[float]:
+    """One advantage per sample; samples of a group are contiguous, as slime orders them."""
+    import torch
+
+    if group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    grouped = torch.tensor(list(rewards), dtype=torch.float).reshape(-1, group_size)
+    centred = grouped - grouped.mean(dim=-1, keepdim=True)
+    if normalize_std and group_size > 1:
+        centred = centred / (centred.std(dim=-1, keepdim=True) + STD_EPSILON)
+    return [float(value) for value in centred.flatten()]
+
+
+@dataclass(frozen=True)
+class LossParts:
+    loss: Any  # a scalar tensor with a graph
+    policy_loss: float
+    kl: float
+    clip_fraction: float
+
+
+def masked_sample_mean(values: Any, mask: Any) -> Any:
+    """Mean over each row's mask-1 entries, then over rows (rows with an empty mask count as 0)."""
+    per_row = (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    return per_row.mean()
+
+
+def low_var_kl(logprobs: Any, ref_logprobs: Any) -> Any:
+    import torch
+
+    log_ratio = ref_logprobs - logprobs
+    return torch.clamp(log_ratio.exp() - log_ratio - 1, min=-10, max=10)
+
+
+def grpo_loss(
+    logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    mask: Any,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logprobs: Any = None,
+    kl_coef: float = 0.0,
+) -> LossParts:
+    """PPO-clip loss over [rows, tokens] tensors; `advantages` is per row or per token."""
+    import torch
+
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(logprobs)
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -ratio * advantages
+    clipped = -ratio.clamp(1 - clip_low, 1 + clip_high) * advantages
+    per_token = torch.maximum(unclipped, clipped)
+    policy = masked_sample_mean(per_token, mask)
+    clip_fraction = masked_sample_mean((clipped > unclipped).float(), mask)
+    loss = policy
+    kl_value = 0.0
+    if ref_logprobs is not None:
+        kl = masked_sample_mean(low_var_kl(logprobs, ref_logprobs), mask)
+        loss = loss + kl_coef * kl
+        kl_value = float(kl.detach())
+    return LossParts(loss, float(policy.detach()), kl_value, float(clip_fraction))
+
+
+def token_logprobs(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) -> Any:
+    """log p(token_t | tokens_<t) for every token after the first, right-padded: [rows, max-1].
+
+    The engine samples from the same log-softmax of the same weights, so for tokens it produced
+    these equal its `output_token_logprobs` (tests/test_engine.py checks it).
+    """
+    import torch
+
+    width = max(len(s) for s in sequences)
+    device = next(model.parameters()).device
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(list(sequence), dtype=torch.long)
+        attention[row, : len(sequence)] = 1
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1, :].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return logprobs.gather(-1, ids[:, 1:, None]).squeeze(-1)

@@ -1,0 +1,189 @@
+"""The configuration of `deepdive run` (configs/local.toml), as typed dataclasses.
+
+Every table and key is optional (the defaults are the embedded default that `make run` trains
+in under 10 minutes on 2 CPU cores); an unknown key, a wrong type or a missing model folder
+fails before anything starts, naming the key and what it expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+from services.exceptions import ConfigError
+from services.typed_config import load_toml
+
+
+def _require(condition: bool, key: str, expected: str, value: object) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """out: the run folder (world, checkpoints, metrics, plot, summary); resume: continue from
+    its latest checkpoint when there is one."""
+
+    out: str = "runs/local"
+    seed: int = 0
+    resume: bool = True
+    threads: int = 0  # torch threads; 0 = all cores
+
+    def __post_init__(self) -> None:
+        _require(bool(self.out), "run.out", "a folder", self.out)
+        _require(self.threads >= 0, "run.threads", "0 (all cores) or more", self.threads)
+
+
+@dataclass(frozen=True)
+class WorldSection:
+    seed: int = 0
+    people: int = 48
+    cities: int = 16
+    guilds: int = 10
+    artifacts: int = 32
+    train: int = 240
+    eval: int = 60
+    max_hops: int = 3  # questions with more hops are left out of training and evaluation
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            if item.name != "seed":
+                value = getattr(self, item.name)
+                _require(value >= 1, f"world.{item.name}", "at least 1", value)
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """path: a local Hugging Face causal-LM folder; empty = a tiny Qwen2 with a tokenizer
+    trained on the world's text."""
+
+    path: str = ""
+    vocab_size: int = 2048
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+
+    def __post_init__(self) -> None:
+        if self.path:
+            _require(
+                (Path(self.path) / "config.json").is_file(),
+                "model.path",
+                "a Hugging Face model folder with config.json",
+                self.path,
+            )
+        for name in ("vocab_size", "hidden", "layers", "heads"):
+            value = getattr(self, name)
+            _require(value >= 1, f"model.{name}", "at least 1", value)
+        _require(
+            self.hidden % self.heads == 0, "model.hidden", "a multiple of model.heads", self.hidden
+        )
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    max_turns: int = 12
+    max_response_tokens: int = 640
+    max_context_tokens: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    on_malformed: Literal["fail", "continue"] = "fail"
+    max_batch: int = 64  # requests the engine decodes together
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_response_tokens", "max_context_tokens", "max_batch"):
+            value = getattr(self, name)
+            _require(value >= 1, f"rollout.{name}", "at least 1", value)
+        _require(self.temperature >= 0, "rollout.temperature", ">= 0", self.temperature)
+        _require(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
+
+
+@dataclass(frozen=True)
+class WarmStartSection:
+    """Supervised steps on demonstrations.jsonl (loss on the model's segments only)."""
+
+    epochs: float = 3.0
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup_steps: int = 10
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 0, "warm_start.epochs", ">= 0", self.epochs)
+        _require(self.batch_size >= 1, "warm_start.batch_size", "at least 1", self.batch_size)
+        _require(self.lr > 0, "warm_start.lr", "a positive number", self.lr)
+        _require(self.warmup_steps >= 0, "warm_start.warmup_steps", ">= 0", self.warmup_steps)
+
+
+@dataclass(frozen=True)
+class GRPOSection:
+    steps: int = 30
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 8
+    lr: float = 1e-3
+    normalize_std: bool = True  # slime's --grpo-std-normalization (off: --disable-...)
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # > 0 keeps a frozen reference (the warm-started policy)
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    updates_per_step: int = 1  # optimizer steps per rollout batch (minibatches)
+    micro_batch: int = 16  # sequences per forward/backward pass
+
+    def __post_init__(self) -> None:
+        for name in ("prompts_per_step", "samples_per_prompt", "updates_per_step", "micro_batch"):
+            value = getattr(self, name)
+            _require(value >= 1, f"grpo.{name}", "at least 1", value)
+        _require(self.steps >= 0, "grpo.steps", ">= 0", self.steps)
+        for name in ("lr", "max_grad_norm"):
+            _require(
+                getattr(self, name) > 0, f"grpo.{name}", "a positive number", getattr(self, name)
+            )
+        for name in ("clip_low", "clip_high", "kl_coef", "weight_decay"):
+            _require(getattr(self, name) >= 0, f"grpo.{name}", ">= 0", getattr(self, name))
+        total = self.prompts_per_step * self.samples_per_prompt
+        _require(
+            total % self.updates_per_step == 0,
+            "grpo.updates_per_step",
+            f"a divisor of prompts_per_step x samples_per_prompt ({total})",
+            self.updates_per_step,
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    every: int = 5  # steps; the last step always writes one
+    keep: int = 2  # newest checkpoints kept (older ones are deleted after a new one lands)
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 1, "checkpoint.every", "at least 1", self.every)
+        _require(self.keep >= 1, "checkpoint.keep", "at least 1", self.keep)
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """Held-out reward before and after GRPO: every eval question (or the first `questions`),
+    greedy unless temperature > 0."""
+
+    questions: int = 0  # 0 = all
+    temperature: float = 0.0
+    before: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.questions >= 0, "eval.questions", ">= 0", self.questions)
+        _require(self.temperature >= 0, "eval.temperature", ">= 0", self.temperature)
+
+
+@dataclass(frozen=True)
+class LocalRunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    world: WorldSection = field(default_factory=WorldSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    warm_start: WarmStartSection = field(default_factory=WarmStartSection)
+    grpo: GRPOSection = field(default_factory=GRPOSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+
+def load_local_config(path: Path) -> LocalRunConfig:
+    return load_toml(path, LocalRunConfig)

@@ -1,0 +1,163 @@
+"""Policy updates for the local backend: supervised steps on demonstrations and GRPO steps on
+rollouts, both on the model's own tokens only (loss mask), with AdamW and gradient clipping.
+
+Sequences are packed into micro-batches (sorted by length, so padding stays small) and their
+gradients accumulated, each scaled by its share of the batch: the step is the same as one pass
+over the whole batch with slime's per-sample-mean reduction.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deepdive.grpo import grpo_loss, masked_sample_mean, token_logprobs
+
+
+@dataclass
+class Example:
+    """One sequence to learn from: prompt + response tokens, the response's loss mask, and for
+    GRPO the log-probs it was sampled with and its advantage."""
+
+    tokens: list[int]
+    prompt_length: int
+    loss_mask: list[int]
+    old_logprobs: list[float] | None = None
+    advantage: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) - self.prompt_length != len(self.loss_mask):
+            raise ValueError("loss_mask must cover exactly the response tokens")
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    lr: float
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch: int = 16
+
+
+def response_tensor(examples: Sequence[Example], width: int, values: Any) -> Any:
+    """Per-response-token values placed where `token_logprobs` scores those tokens: [rows, width-1].
+    `values(example)` gives one number per response token."""
+    import torch
+
+    out = torch.zeros((len(examples), width - 1), dtype=torch.float)
+    for row, example in enumerate(examples):
+        start = example.prompt_length - 1
+        row_values = values(example)
+        out[row, start : start + len(row_values)] = torch.tensor(row_values, dtype=torch.float)
+    return out
+
+
+def micro_batches(examples: Sequence[Example], size: int) -> Iterator[list[Example]]:
+    ordered = sorted(examples, key=lambda e: len(e.tokens))
+    for start in range(0, len(ordered), size):
+        yield ordered[start : start + size]
+
+
+class PolicyTrainer:
+    def __init__(
+        self,
+        model: Any,
+        pad_id: int,
+        settings: OptimizerSettings,
+        reference: Any = None,
+    ) -> None:
+        import torch
+
+        self.model = model
+        self.pad_id = pad_id
+        self.settings = settings
+        self.reference = reference
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+        )
+
+    @staticmethod
+    def frozen_copy(model: Any) -> Any:
+        reference = copy.deepcopy(model)
+        reference.eval()
+        for parameter in reference.parameters():
+            parameter.requires_grad_(False)
+        return reference
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _step(self) -> float:
+        import torch
+
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def sft_step(self, examples: Sequence[Example]) -> dict[str, float]:
+        """One optimizer step of masked negative log-likelihood over `examples`."""
+        self.model.train()
+        total = 0.0
+        tokens = 0
+        for chunk in micro_batches(examples, self.settings.micro_batch):
+            width = max(len(e.tokens) for e in chunk)
+            logprobs = token_logprobs(self.model, [e.tokens for e in chunk], self.pad_id)
+            mask = response_tensor(chunk, width, lambda e: e.loss_mask)
+            loss = -masked_sample_mean(logprobs, mask) * (len(chunk) / len(examples))
+            loss.backward()
+            total += float(loss.detach())
+            tokens += int(mask.sum())
+        norm = self._step()
+        self.model.eval()
+        return {"loss": total, "grad_norm": norm, "tokens": tokens}
+
+    def grpo_step(
+        self,
+        examples: Sequence[Example],
+        clip_low: float,
+        clip_high: float,
+        kl_coef: float = 0.0,
+    ) -> dict[str, float]:
+        """One optimizer step of the PPO-clip loss (plus KL to the reference when kl_coef > 0)."""
+        import torch
+
+        self.model.train()
+        sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        for chunk in micro_batches(examples, self.settings.micro_batch):
+            width = max(len(e.tokens) for e in chunk)
+            sequences = [e.tokens for e in chunk]
+            logprobs = token_logprobs(self.model, sequences, self.pad_id)
+            mask = response_tensor(chunk, width, lambda e: e.loss_mask)
+            old = response_tensor(chunk, width, lambda e: e.old_logprobs)
+            advantages = torch.tensor([e.advantage for e in chunk], dtype=torch.float)
+            reference = None
+            if kl_coef > 0 and self.reference is not None:
+                with torch.no_grad():
+                    reference = token_logprobs(self.reference, sequences, self.pad_id)
+            parts = grpo_loss(
+                logprobs, old, advantages, mask, clip_low, clip_high, reference, kl_coef
+            )
+            share = len(chunk) / len(examples)
+            (parts.loss * share).backward()
+            sums["loss"] += float(parts.loss.detach()) * share
+            sums["policy_loss"] += parts.policy_loss * share
+            sums["kl"] += parts.kl * share
+            sums["clip_fraction"] += parts.clip_fraction * share
+        sums["grad_norm"] = self._step()
+        self.model.eval()
+        return sums
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None and "reference" in state:
+            self.reference.load_state_dict(state["reference"])

@@ -1,0 +1,84 @@
+"""The supervised warm start on demonstrations.jsonl (DeepDive also starts RL from an SFT model).
+
+Each demonstration becomes the exact token sequence the rollout would build: the chat-templated
+prompt, then each segment tokenised on its own (as the rollout tokenises each observation on
+its own), with loss mask 1 on the model's segments and 0 on observations.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from deepdive.protocol import SYSTEM_PROMPT
+from deepdive.trainer import Example, PolicyTrainer
+
+
+def read_demonstrations(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def tokenizer_texts(corpus: Path, demonstrations: list[dict[str, Any]]) -> Iterable[str]:
+    """What the world's tokenizer learns from: the pages, the questions, the demonstrations and
+    the system prompt, each about as often as training will show it."""
+    for line in corpus.read_bytes().splitlines():
+        if line.strip():
+            yield orjson.loads(line)["text"]
+    for row in demonstrations:
+        yield SYSTEM_PROMPT
+        yield row["messages"][-1]["content"]
+        yield row["response"]
+
+
+def demonstration_example(row: dict[str, Any], tokenizer: Any) -> Example:
+    prompt = tokenizer.apply_chat_template(
+        row["messages"], tokenize=False, add_generation_prompt=True
+    )
+    prompt_ids = list(tokenizer.encode(prompt, add_special_tokens=False))
+    ids: list[int] = []
+    mask: list[int] = []
+    for segment in row["segments"]:
+        piece = list(tokenizer.encode(segment["text"], add_special_tokens=False))
+        ids += piece
+        mask += [1 if segment["role"] == "model" else 0] * len(piece)
+    return Example(prompt_ids + ids, len(prompt_ids), mask)
+
+
+def warm_start(
+    trainer: PolicyTrainer,
+    examples: list[Example],
+    epochs: float,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    seed: int,
+    on_step: Callable[[int, int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """ceil(epochs x examples / batch_size) steps over shuffled examples; linear warm-up, then
+    cosine decay to a tenth of `lr`. Returns each step's metrics."""
+    total = math.ceil(epochs * len(examples) / batch_size) if examples else 0
+    rng = random.Random(seed)
+    order: list[Example] = []
+    history = []
+    for step in range(total):
+        batch = []
+        while len(batch) < batch_size:
+            if not order:
+                order = list(examples)
+                rng.shuffle(order)
+            batch.append(order.pop())
+        if step < warmup_steps:
+            trainer.set_lr(lr * (step + 1) / warmup_steps)
+        else:
+            progress = (step - warmup_steps) / max(1, total - warmup_steps)
+            trainer.set_lr(lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))))
+        metrics = trainer.sft_step(batch)
+        history.append(metrics)
+        if on_step is not None:
+            on_step(step + 1, total, metrics)
+    return history

@@ -1,0 +1,116 @@
+"""TOML files read into typed, frozen dataclasses, with errors that name the file, the key,
+what was expected and what was found; shared by every command that takes a config file.
+
+A dataclass field whose type is another dataclass is a TOML table. Unknown keys are errors
+(a typo must not silently fall back to a default), as are wrong types; an int is accepted
+where a float is expected, a bool never counts as a number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+from services.exceptions import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+
+def load_toml(path: Path, schema: type[T]) -> T:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML ({error})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return from_mapping(schema, data, str(path), "")
+
+
+def from_mapping(schema: type[T], data: Any, source: str, table: str) -> T:
+    where = f"[{table}]" if table else "the top level"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {where}: expected a table, got {_kind(data)}")
+    fields = {field.name: field for field in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{source}: {where}: unknown key {unknown[0]!r} (expected one of: {', '.join(fields)})"
+        )
+    hints = get_type_hints(schema)
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{table}.{name}" if table else name
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = from_mapping(typing.cast(type, hint), value, source, key)
+        else:
+            values[name] = _check(hint, value, source, key)
+    try:
+        return schema(**values)
+    except ConfigError as error:  # a dataclass's own cross-field checks
+        raise ConfigError(f"{source}: {error.message}") from None
+
+
+def _check(hint: Any, value: Any, source: str, key: str) -> Any:
+    expected = describe(hint)
+    if _matches(hint, value):
+        return float(value) if hint is float else value
+    raise ConfigError(f"{source}: {key}: expected {expected}, got {_kind(value)} {value!r}")
+
+
+def _matches(hint: Any, value: Any) -> bool:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return value in get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(arg, value) for arg in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        (item,) = get_args(hint)[:1]
+        return isinstance(value, list) and all(_matches(item, v) for v in value)
+    return isinstance(value, hint)
+
+
+def describe(hint: Any) -> str:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(a) for a in get_args(hint) if a is not type(None))
+    if origin in (list, tuple):
+        return f"a list of {describe(get_args(hint)[0])}"
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _kind(value: Any) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+
+
+def positive(source_key: str, value: float) -> None:
+    """For dataclasses' __post_init__: values that must be > 0."""
+    if value <= 0:
+        raise ConfigError(f"{source_key}: expected a positive number, got {value!r}")

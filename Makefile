@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup test lint typecheck unit run bench clean
+.PHONY: setup test lint typecheck unit run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -29,9 +29,14 @@ unit: setup
 
 test: lint typecheck unit
 
-# The main job on the embedded defaults: for now the tool server on the offline corpus
-# (no keys, no network). Later issues turn this into the full local GRPO run.
+# The main job on the embedded defaults: the whole pipeline on this machine (world, services,
+# warm start, GRPO, held-out evaluation); see configs/local.toml. Resumes when run again.
+CONFIG ?= configs/local.toml
 run: setup
+	$(BIN)/deepdive run $(CONFIG)
+
+# The tool server alone on the bundled Wikipedia corpus (no keys, no network).
+serve-tools: setup
 	$(BIN)/deepdive serve tools --search offline --reader offline --port $(PORT)
 
 bench: setup

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import engine, reward_server, rollout, tool_server
+from benchmarks import engine, local_training, reward_server, rollout, tool_server
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -95,12 +95,47 @@ def show_reward_server(console: Console, results: dict[str, Any]) -> None:
     console.print(table)
 
 
+def show_local_training(console: Console, results: dict[str, Any]) -> None:
+    table = Table(title=f"deepdive run {results['config']}, 3 seeds, one after another")
+    columns = (
+        "seed",
+        "held-out after warm start",
+        "held-out after GRPO",
+        "train reward first / last 5",
+        "GRPO steps/min",
+        "rollout s",
+        "update s",
+        "warm start s",
+        "wall s",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    for run in results["runs"]:
+        table.add_row(
+            str(run["seed"]),
+            f"{run['eval_before']:.3f}",
+            f"{run['eval_after']:.3f}",
+            f"{run['train_reward_first']:.2f} / {run['train_reward_last5']:.2f}",
+            f"{run['steps_per_minute']:.2f}",
+            f"{run['rollout_s']:.0f}",
+            f"{run['update_s']:.0f}",
+            f"{run['warm_start_s']:.0f}",
+            f"{run['wall_s']:.0f}",
+        )
+    console.print(table)
+    console.print(
+        f"held-out reward: {results['eval_before_mean']:.3f} after the warm start, "
+        f"{results['eval_after_mean']:.3f} after GRPO (mean lift {results['lift_mean']:+.3f}; "
+        f"GRPO lifted {results['lifted_seeds']} of {len(results['runs'])} seeds)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
     parser.add_argument(
         "--only",
-        choices=["tool_server", "reward_server", "rollout", "engine"],
+        choices=["tool_server", "reward_server", "rollout", "engine", "local_training"],
         help="run one benchmark",
     )
     args = parser.parse_args()
@@ -130,6 +165,10 @@ def main() -> None:
             f"batch {r['batch']}: {r['tokens_per_s']:.0f} tokens/s" for r in results["runs"]
         )
         console.print(f"local engine ({results['parameters']:,} parameters, one thread): {speeds}")
+    if args.only in (None, "local_training"):
+        results = local_training.run()
+        (RESULTS / "local_training.json").write_text(json.dumps(results, indent=2))
+        show_local_training(console, results)
 
 
 if __name__ == "__main__":

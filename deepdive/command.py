@@ -19,6 +19,7 @@ from deepdive.convert import (
     summary_text,
 )
 from deepdive.demonstrations import Demonstrator, demonstration_row
+from deepdive.protocol import SYSTEM_PROMPTS
 from deepdive.world import WorldSizes, corpus, generate_questions, generate_world
 from services.exceptions import ConfigError
 from services.tool_server.corpus import CorpusIndex, Document
@@ -57,6 +58,13 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strict", action="store_true", help="stop at the first bad row instead of skipping it"
     )
+    parser.add_argument(
+        "--system-prompt",
+        choices=sorted(SYSTEM_PROMPTS),
+        default="full",
+        help="the system prompt in every row: full, or compact for tiny local models "
+        "(default: %(default)s)",
+    )
 
 
 def _count_lines(path: Path) -> int | None:
@@ -91,6 +99,7 @@ def run_convert(args: argparse.Namespace) -> None:
                 strict=args.strict,
                 seed=args.seed,
                 on_row=lambda: progress.advance(task),
+                system_prompt=SYSTEM_PROMPTS[args.system_prompt],
             )
         except ConversionError as error:
             raise ConfigError(str(error)) from None
@@ -131,6 +140,13 @@ def add_world_arguments(parser: argparse.ArgumentParser) -> None:
         default=sizes.eval_questions,
         help="held-out questions (default: %(default)s)",
     )
+    parser.add_argument(
+        "--max-hops",
+        type=int,
+        default=sizes.max_hops,
+        choices=(1, 2, 3),
+        help="questions walk 1 to this many relations (default: %(default)s)",
+    )
 
 
 def run_world(args: argparse.Namespace) -> None:
@@ -138,7 +154,9 @@ def run_world(args: argparse.Namespace) -> None:
     for name in ("people", "cities", "guilds", "artifacts", "train", "eval"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name}: expected at least 1, got {getattr(args, name)}")
-    sizes = WorldSizes(args.people, args.cities, args.guilds, args.artifacts, args.train, args.eval)
+    sizes = WorldSizes(
+        args.people, args.cities, args.guilds, args.artifacts, args.train, args.eval, args.max_hops
+    )
     manifest = write_world(args.out, args.seed, sizes)
     console.print(
         f"world seed {args.seed}: {manifest['documents']} documents, {manifest['train']} train and "
@@ -154,8 +172,14 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
     world = generate_world(seed, sizes)
     documents = corpus(world)
     taken: set[str] = set()
-    train = generate_questions(world, sizes.train_questions, seed * 1_000 + 1, taken)
-    held_out = generate_questions(world, sizes.eval_questions, seed * 1_000 + 2, taken)
+    # held-out questions first: in a small world the question space runs out, and the
+    # evaluation must never be the split that comes up short
+    held_out = generate_questions(
+        world, sizes.eval_questions, seed * 1_000 + 2, taken, sizes.max_hops
+    )
+    train = generate_questions(
+        world, sizes.train_questions, seed * 1_000 + 1, taken, sizes.max_hops
+    )
     index = CorpusIndex.open([Document(**d) for d in documents], None, show_progress=False)
     demonstrator = Demonstrator(world, index)
     demonstrations = []
@@ -237,14 +261,22 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         help="a TOML file (configs/local.toml); without one, the embedded defaults",
     )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one value, e.g. --set grpo.steps=5 --set run.out=runs/b (repeatable)",
+    )
 
 
 def run_local(args: argparse.Namespace) -> None:
     """`deepdive run`: world, services, warm start, GRPO, evaluation, on this machine."""
-    from deepdive.local_config import LocalRunConfig, load_local_config
+    from deepdive.local_config import load_local_config
     from deepdive.local_run import LocalRun, print_summary
 
-    config = load_local_config(args.config) if args.config else LocalRunConfig()
+    config = load_local_config(args.config, args.overrides)
     console = Console(stderr=True)
     summary = LocalRun(config, console).run()
     print_summary(summary, Console())

@@ -171,12 +171,12 @@ def question_id(question: str) -> str:
     return "q-" + hashlib.sha256(" ".join(normalize(question).words).encode()).hexdigest()[:16]
 
 
-def prompt_row(record: QARecord, source: str) -> dict[str, Any]:
+def prompt_row(record: QARecord, source: str, system_prompt: str = SYSTEM_PROMPT) -> dict[str, Any]:
     return {
         "id": record.id,
         "source": source,
         INPUT_KEY: [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": system_prompt},
             {"role": "user", "content": record.question},
         ],
         LABEL_KEY: record.answer,
@@ -266,6 +266,7 @@ def convert(
     strict: bool = False,
     seed: int = 0,
     on_row: Callable[[], None] | None = None,
+    system_prompt: str = SYSTEM_PROMPT,
 ) -> ConversionSummary:
     """Convert `source_path` into `output` (and `eval_output` when splitting). Nothing is written
     unless the whole conversion succeeds."""
@@ -296,10 +297,10 @@ def convert(
                 continue
             seen.add(key)
             if held_out is not None and is_eval(record.id, eval_fraction, seed):
-                held_out.write(prompt_row(record, source))
+                held_out.write(prompt_row(record, source, system_prompt))
                 summary.eval_written += 1
             else:
-                train.write(prompt_row(record, source))
+                train.write(prompt_row(record, source, system_prompt))
                 summary.written += 1
         if summary.written == 0:
             raise ConversionError(f"{source_path}: no valid rows to write")

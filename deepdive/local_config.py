@@ -7,6 +7,7 @@ fails before anything starts, naming the key and what it expects.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
@@ -44,13 +45,14 @@ class WorldSection:
     artifacts: int = 32
     train: int = 240
     eval: int = 60
-    max_hops: int = 3  # questions with more hops are left out of training and evaluation
+    max_hops: int = 3  # questions walk 1 to max_hops relations
 
     def __post_init__(self) -> None:
         for item in fields(self):
             if item.name != "seed":
                 value = getattr(self, item.name)
                 _require(value >= 1, f"world.{item.name}", "at least 1", value)
+        _require(self.max_hops <= 3, "world.max_hops", "1, 2 or 3", self.max_hops)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class RolloutSection:
     top_p: float = 1.0
     on_malformed: Literal["fail", "continue"] = "fail"
     max_batch: int = 64  # requests the engine decodes together
+    system_prompt: Literal["full", "compact"] = "compact"
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_response_tokens", "max_context_tokens", "max_batch"):
@@ -162,14 +165,16 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class EvalSection:
     """Held-out reward before and after GRPO: every eval question (or the first `questions`),
-    greedy unless temperature > 0."""
+    `samples` rollouts each, greedy unless temperature > 0."""
 
     questions: int = 0  # 0 = all
     temperature: float = 0.0
+    samples: int = 1  # per question (with temperature > 0, the mean of several is steadier)
     before: bool = True
 
     def __post_init__(self) -> None:
         _require(self.questions >= 0, "eval.questions", ">= 0", self.questions)
+        _require(self.samples >= 1, "eval.samples", "at least 1", self.samples)
         _require(self.temperature >= 0, "eval.temperature", ">= 0", self.temperature)
 
 
@@ -185,5 +190,5 @@ class LocalRunConfig:
     eval: EvalSection = field(default_factory=EvalSection)
 
 
-def load_local_config(path: Path) -> LocalRunConfig:
-    return load_toml(path, LocalRunConfig)
+def load_local_config(path: Path | None, overrides: Sequence[str] = ()) -> LocalRunConfig:
+    return load_toml(path, LocalRunConfig, overrides)

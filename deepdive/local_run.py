@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -42,6 +41,7 @@ from deepdive.convert import AtomicJsonlWriter, convert
 from deepdive.grpo import group_advantages
 from deepdive.local_config import LocalRunConfig
 from deepdive.prompts import PromptSampler, read_prompt_rows, sample_from_row
+from deepdive.protocol import SYSTEM_PROMPTS
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.run_log import RunLog, plot_rewards
 from deepdive.sample import status_name
@@ -114,17 +114,28 @@ def prepare_data(config: LocalRunConfig, paths: RunPaths) -> dict[str, Any]:
     """The world, then train/eval prompt rows through the real converter (max_hops applied)."""
     world = config.world
     sizes = WorldSizes(
-        world.people, world.cities, world.guilds, world.artifacts, world.train, world.eval
+        world.people,
+        world.cities,
+        world.guilds,
+        world.artifacts,
+        world.train,
+        world.eval,
+        world.max_hops,
     )
     manifest = write_world(paths.world, world.seed, sizes)
     for split in ("train", "eval"):
-        qa = paths.data / f"qa_{split}.jsonl"
-        with AtomicJsonlWriter(qa) as writer:
-            for line in (paths.world / f"qa_{split}.jsonl").read_bytes().splitlines():
-                row = orjson.loads(line)
-                if row["hops"] <= world.max_hops:
-                    writer.write(row)
-        convert(qa, paths.data / f"{split}.jsonl", source="world", strict=True)
+        if not manifest[split]:
+            raise ConfigError(
+                f"this world has no {split} question: a bigger world (world.people, "
+                "world.artifacts, ...) or a larger world.max_hops makes room for more"
+            )
+        convert(
+            paths.world / f"qa_{split}.jsonl",
+            paths.data / f"{split}.jsonl",
+            source="world",
+            strict=True,
+            system_prompt=SYSTEM_PROMPTS[config.rollout.system_prompt],
+        )
     return manifest
 
 
@@ -141,7 +152,8 @@ def build_policy(config: LocalRunConfig, paths: RunPaths) -> tuple[Any, Any]:
             model, tokenizer = load_model(config.model.path)
         else:
             demonstrations = read_demonstrations(paths.world / "demonstrations.jsonl")
-            texts = tokenizer_texts(paths.world / "corpus.jsonl", demonstrations)
+            system_prompt = SYSTEM_PROMPTS[config.rollout.system_prompt]
+            texts = tokenizer_texts(paths.world / "corpus.jsonl", demonstrations, system_prompt)
             tokenizer = train_tokenizer(texts, config.model.vocab_size)
             model = new_model(
                 tokenizer,
@@ -360,10 +372,17 @@ class LocalRun:
     async def _evaluate(self, args: Namespace, rows: list[dict[str, Any]], name: str) -> float:
         temperature = self.config.eval.temperature
         samples = await rollout_batch(
-            args, rows, 1, self._sampling(temperature), f"{self.config.run.seed}:eval"
+            args,
+            rows,
+            self.config.eval.samples,
+            self._sampling(temperature),
+            f"{self.config.run.seed}:eval",
         )
         value = sum(float(s.reward) for s in samples) / max(1, len(samples))
-        self.say(f"held-out reward {name}: {value:.3f} ({len(samples)} questions)")
+        self.say(
+            f"held-out reward {name}: {value:.3f} ({len(rows)} questions x "
+            f"{self.config.eval.samples}, temperature {temperature})"
+        )
         return value
 
     def _train(
@@ -450,8 +469,13 @@ class LocalRun:
 
     def _warm_start(self, model: Any, tokenizer: Any) -> dict[str, Any]:
         section = self.config.warm_start
-        demonstrations = read_demonstrations(self.paths.world / "demonstrations.jsonl")
-        examples = [demonstration_example(row, tokenizer) for row in demonstrations]
+        kept = {row["id"] for row in read_prompt_rows(self.paths.data / "train.jsonl")}
+        system_prompt = SYSTEM_PROMPTS[self.config.rollout.system_prompt]
+        examples = [
+            demonstration_example(row, tokenizer, system_prompt)
+            for row in read_demonstrations(self.paths.world / "demonstrations.jsonl")
+            if row["id"] in kept
+        ]
         trainer = PolicyTrainer(
             model,
             tokenizer.pad_token_id,
@@ -511,14 +535,14 @@ class LocalRun:
         advantages = group_advantages(rewards, grpo.samples_per_prompt, grpo.normalize_std)
         examples = examples_from(samples, advantages)
         started = time.monotonic()
-        update: dict[str, float] = Counter()
+        update: dict[str, float] = {}
         chunk = max(1, len(examples) // grpo.updates_per_step)
         for start in range(0, len(examples), chunk):
             parts = trainer.grpo_step(
                 examples[start : start + chunk], grpo.clip_low, grpo.clip_high, grpo.kl_coef
             )
             for key, value in parts.items():
-                update[key] += value / grpo.updates_per_step
+                update[key] = update.get(key, 0.0) + value / grpo.updates_per_step
         update_s = time.monotonic() - started
         started = time.monotonic()
         engine.load_state_dict(trainer.model.state_dict())

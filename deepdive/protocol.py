@@ -131,6 +131,16 @@ Think before each call. Verify the answer from the pages you read. When you are 
 once with a short, exact answer (a name, a number, a date), not a list of guesses."""
 
 
+# For the tiny CPU policy of the embedded default: the same protocol in a few dozen tokens
+# (every prompt token costs attention in every forward pass of a 2-core run).
+COMPACT_SYSTEM_PROMPT = (
+    f'Answer by searching. One call per turn: {TOOL_CALL_OPEN}{{"name": ..., "arguments": ...}}'
+    f"{TOOL_CALL_CLOSE}. Tools: search {{query, num}}, click {{link_id}}, open {{url}}, "
+    f"{FINISH} {{answer}}."
+)
+SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "compact": COMPACT_SYSTEM_PROMPT}
+
+
 class ProtocolError(ValueError):
     """A tool call that breaks the protocol. `code` is machine-readable; the message is for the model."""
 

@@ -124,9 +124,12 @@ class PolicyTrainer:
         """One optimizer step of the PPO-clip loss (plus KL to the reference when kl_coef > 0)."""
         import torch
 
-        self.model.train()
         sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-        for chunk in micro_batches(examples, self.settings.micro_batch):
+        # A zero-advantage sample adds exactly nothing to the loss or its gradient (without KL),
+        # but still counts in the per-sample mean: skip its passes, keep its share.
+        active = [e for e in examples if e.advantage != 0 or kl_coef > 0]
+        self.model.train()
+        for chunk in micro_batches(active, self.settings.micro_batch):
             width = max(len(e.tokens) for e in chunk)
             sequences = [e.tokens for e in chunk]
             logprobs = token_logprobs(self.model, sequences, self.pad_id)

@@ -23,22 +23,30 @@ def read_demonstrations(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def tokenizer_texts(corpus: Path, demonstrations: list[dict[str, Any]]) -> Iterable[str]:
+def tokenizer_texts(
+    corpus: Path, demonstrations: list[dict[str, Any]], system_prompt: str = SYSTEM_PROMPT
+) -> Iterable[str]:
     """What the world's tokenizer learns from: the pages, the questions, the demonstrations and
     the system prompt, each about as often as training will show it."""
     for line in corpus.read_bytes().splitlines():
         if line.strip():
             yield orjson.loads(line)["text"]
     for row in demonstrations:
-        yield SYSTEM_PROMPT
+        yield system_prompt
         yield row["messages"][-1]["content"]
         yield row["response"]
 
 
-def demonstration_example(row: dict[str, Any], tokenizer: Any) -> Example:
-    prompt = tokenizer.apply_chat_template(
-        row["messages"], tokenize=False, add_generation_prompt=True
-    )
+def demonstration_example(
+    row: dict[str, Any], tokenizer: Any, system_prompt: str | None = None
+) -> Example:
+    """`system_prompt` replaces the demonstration's own, so the warm start sees the prompt the
+    rollouts will see."""
+    messages = [
+        {**m, "content": system_prompt} if m["role"] == "system" and system_prompt else m
+        for m in row["messages"]
+    ]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt_ids = list(tokenizer.encode(prompt, add_special_tokens=False))
     ids: list[int] = []
     mask: list[int] = []
@@ -66,7 +74,7 @@ def warm_start(
     order: list[Example] = []
     history = []
     for step in range(total):
-        batch = []
+        batch: list[Example] = []
         while len(batch) < batch_size:
             if not order:
                 order = list(examples)

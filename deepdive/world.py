@@ -70,6 +70,7 @@ class WorldSizes:
     artifacts: int = 32
     train_questions: int = 240
     eval_questions: int = 60
+    max_hops: int = 3  # questions walk 1 to max_hops relations
 
 
 @dataclass
@@ -284,15 +285,16 @@ def _unambiguous(world: World, start: Entity) -> bool:
 
 
 def generate_questions(
-    world: World, count: int, seed: int, taken: set[str] | None = None
+    world: World, count: int, seed: int, taken: set[str] | None = None, max_hops: int = 3
 ) -> list[Question]:
     rng = random.Random(seed)
+    chains = [chain for chain in _CHAINS if len(chain[1]) <= max_hops]
     seen = set() if taken is None else taken
     questions: list[Question] = []
     attempts = 0
     while len(questions) < count and attempts < count * 50:
         attempts += 1
-        kind, steps, template = rng.choice(_CHAINS)
+        kind, steps, template = rng.choice(chains)
         start = rng.choice(world.of_kind(kind))
         if not _unambiguous(world, start):
             continue

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -22,6 +22,29 @@ import httpx
 from services.exceptions import ServiceError
 
 ANNOUNCEMENT = "listening on "
+
+
+def _resolve_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+_PRCTL = _resolve_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: it gets SIGTERM when we die, even by SIGKILL, so a killed
+    run never leaves servers behind (Linux; elsewhere stop() still ends them on a normal exit)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ServiceStartError(ServiceError):
@@ -55,6 +78,7 @@ class ServiceProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(self.environment or {})},
+                preexec_fn=_die_with_parent,  # only a prctl call, resolved before the fork
             )
         deadline = time.monotonic() + self.ready_timeout_s
         while not self.url:

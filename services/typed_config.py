@@ -12,6 +12,7 @@ import dataclasses
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
@@ -25,16 +26,42 @@ else:  # pragma: no cover - Python 3.10
 T = TypeVar("T")
 
 
-def load_toml(path: Path, schema: type[T]) -> T:
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
+def load_toml(path: Path | None, schema: type[T], overrides: Sequence[str] = ()) -> T:
+    """`path` (None: defaults only), then each "table.key=value" override on top of it."""
+    data: dict[str, Any] = {}
+    source = str(path) if path is not None else "defaults"
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{path}: not valid TOML ({error})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not UTF-8 text") from None
+    for override in overrides:
+        apply_override(data, override)
+    if overrides:
+        source += " with --set " + " ".join(overrides)
+    return from_mapping(schema, data, source, "")
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """ "grpo.steps=5" or 'run.out="runs/a"' (a value that is not TOML is taken as a string)."""
+    key, separator, text = override.partition("=")
+    if not separator or not key.strip():
+        raise ConfigError(f"--set {override}: expected table.key=value")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML ({error})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    return from_mapping(schema, data, str(path), "")
+        value = tomllib.loads(f"value = {text.strip()}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    *tables, name = [part.strip() for part in key.split(".")]
+    target = data
+    for table in tables:
+        target = target.setdefault(table, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"--set {override}: {table} is not a table")
+    target[name] = value
 
 
 def from_mapping(schema: type[T], data: Any, source: str, table: str) -> T:

@@ -220,3 +220,30 @@ def test_the_command_reports_a_missing_file_in_one_line(tmp_path: Path) -> None:
         and "no such file" in result.stderr
         and "Traceback" not in result.stderr
     )
+
+
+def test_the_compact_system_prompt(tmp_path: Path) -> None:
+    from deepdive.protocol import COMPACT_SYSTEM_PROMPT, TOOL_NAMES
+
+    out = tmp_path / "train.jsonl"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slurm.cli",
+            "convert",
+            "--input",
+            str(GOLDEN / "qa_input.jsonl"),
+            "--output",
+            str(out),
+            "--system-prompt",
+            "compact",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {row["input_messages"][0]["content"] for row in rows} == {COMPACT_SYSTEM_PROMPT}
+    assert all(name in COMPACT_SYSTEM_PROMPT for name in TOOL_NAMES)

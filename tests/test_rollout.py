@@ -20,12 +20,12 @@ from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.rule_judge import RuleJudge
-from services.serve import bind
+from services.serve import bind, start_server_thread
 from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
-from tests.conftest import FORBIDDEN_QUESTION, serve_in_thread, start_server_thread
+from tests.conftest import FORBIDDEN_QUESTION, serve_in_thread
 from tests.fake_sglang import ByteTokenizer, FakeSGLang, ScriptedTurn, logprob_of
 
 PROMPT = f"<|im_start|>user\n{FORBIDDEN_QUESTION}<|im_end|>\n<|im_start|>assistant\n"

@@ -146,13 +146,16 @@ def test_the_command(tmp_path: Path) -> None:
             "10",
             "--eval",
             "5",
+            "--max-hops",
+            "1",
         ],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
-    assert json.loads((out / "manifest.json").read_text())["train"] == 10
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["train"], manifest["eval"], manifest["hops"]) == (10, 5, {"1": 15})
     bad = subprocess.run(
         [sys.executable, "-m", "slurm.cli", "world", "--out", str(out), "--people", "0"],
         capture_output=True,
@@ -160,3 +163,13 @@ def test_the_command(tmp_path: Path) -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "--people: expected at least 1" in bad.stderr
+
+
+def test_a_small_world_fills_the_held_out_split_first() -> None:
+    world = generate_world(2, WorldSizes(people=6, cities=3, guilds=2, artifacts=4))
+    taken: set[str] = set()
+    held_out = generate_questions(world, 10, 1, taken, max_hops=1)
+    train = generate_questions(world, 1000, 2, taken, max_hops=1)
+    assert len(held_out) == 10 and 0 < len(train) < 1000  # the space ran out on train's side
+    assert {q.hops for q in held_out + train} == {1}
+    assert not {q.question for q in held_out} & {q.question for q in train}

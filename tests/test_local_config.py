@@ -1,0 +1,101 @@
+"""`deepdive run`'s TOML config: defaults, and errors that name the key and what it expects."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepdive.local_config import LocalRunConfig, load_local_config
+from services.exceptions import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_config_loads() -> None:
+    config = load_local_config(ROOT / "configs" / "local.toml")
+    assert isinstance(config, LocalRunConfig)
+    assert config.grpo.samples_per_prompt >= 2  # a group needs company to have an advantage
+
+
+def test_values_are_read_and_ints_count_as_floats(tmp_path: Path) -> None:
+    config = load_local_config(
+        write(tmp_path, '[grpo]\nlr = 1\nsteps = 3\n[rollout]\non_malformed = "continue"\n')
+    )
+    assert config.grpo.lr == 1.0 and isinstance(config.grpo.lr, float)
+    assert config.grpo.steps == 3 and config.rollout.on_malformed == "continue"
+    assert config.warm_start == LocalRunConfig().warm_start
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[grpo]\nlrr = 0.1\n", "[grpo]: unknown key 'lrr' (expected one of: steps, "),
+        ("[gpro]\nlr = 0.1\n", "the top level: unknown key 'gpro'"),
+        ('[grpo]\nsteps = "ten"\n', "grpo.steps: expected an integer, got a string 'ten'"),
+        ("[grpo]\nsteps = 2.5\n", "grpo.steps: expected an integer, got a number 2.5"),
+        ("[grpo]\nnormalize_std = 1\n", "grpo.normalize_std: expected true or false, got an"),
+        ("[grpo]\nlr = true\n", "grpo.lr: expected a number, got a boolean True"),
+        ('[rollout]\non_malformed = "retry"\n', "expected one of 'fail', 'continue'"),
+        ("grpo = 3\n", "[grpo]: expected a table, got an integer"),
+        ("[grpo]\nsamples_per_prompt = 0\n", "grpo.samples_per_prompt: expected at least 1"),
+        ("[grpo]\nupdates_per_step = 3\n", "grpo.updates_per_step: expected a divisor of"),
+        ('[model]\npath = "/nonexistent/model"\n', "model.path: expected a Hugging Face model"),
+        ("[grpo\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_fails_with_the_key_and_the_expected_value(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_local_config(path)
+    assert message in caught.value.message
+    assert caught.value.message.startswith(str(path))
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_local_config(tmp_path / "absent.toml")
+
+
+def test_the_command_fails_fast_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "[grpo]\nclip_lowww = 0.2\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "slurm.cli", "run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"deepdive: error: {path}: [grpo]: unknown key 'clip_lowww' (expected one of: "
+        "steps, prompts_per_step, samples_per_prompt, lr, normalize_std, clip_low, clip_high, "
+        "kl_coef, max_grad_norm, weight_decay, updates_per_step, micro_batch)"
+    ]
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_overrides_from_the_command_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "[grpo]\nsteps = 3\n")
+    config = load_local_config(path, ["grpo.steps=7", "run.out=runs/b", "run.seed = 4"])
+    assert (config.grpo.steps, config.run.out, config.run.seed) == (7, "runs/b", 4)
+    assert load_local_config(None, ["eval.before=false"]).eval.before is False
+    with pytest.raises(
+        ConfigError, match=re.escape("grpo.steps: expected an integer, got a string 'many'")
+    ):
+        load_local_config(path, ["grpo.steps=many"])
+    with pytest.raises(ConfigError, match=re.escape("--set grpo: expected table.key=value")):
+        load_local_config(path, ["grpo"])
+    with pytest.raises(ConfigError, match="unknown key 'stepz'"):
+        load_local_config(None, ["grpo.stepz=1"])

@@ -1,0 +1,168 @@
+"""`deepdive run` end to end on a tiny world: real service processes, the real engine, the real
+rollout and reward, GRPO steps, checkpoints; killed with SIGKILL and resumed, it reaches exactly
+the state an uninterrupted run reaches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+torch = pytest.importorskip("torch")
+
+TINY = """
+[run]
+out = "{out}"
+seed = 3
+threads = 1
+[world]
+seed = 3
+people = 12
+cities = 6
+guilds = 4
+artifacts = 8
+train = 16
+eval = 4
+[model]
+hidden = 32
+layers = 1
+heads = 2
+vocab_size = 600
+[rollout]
+max_turns = 3
+max_response_tokens = 48
+max_context_tokens = 1536
+max_batch = 1
+[warm_start]
+epochs = 0.5
+batch_size = 4
+[grpo]
+steps = 4
+prompts_per_step = 2
+samples_per_prompt = 4
+updates_per_step = 2
+kl_coef = 0.05
+[checkpoint]
+every = 2
+[eval]
+questions = 2
+"""
+TIMINGS = {"rollout_s", "update_s", "sync_s"}
+
+
+def deepdive_run(config: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm.cli", "run", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def write_config(tmp_path: Path, name: str, extra: str = "") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(TINY.format(out=tmp_path / name) + extra)
+    return path
+
+
+def rows(out: Path) -> dict[int, dict[str, Any]]:
+    lines = (out / "logs" / "metrics.jsonl").read_bytes().splitlines()
+    return {
+        row["step"]: {k: v for k, v in row.items() if k not in TIMINGS}
+        for row in map(orjson.loads, lines)
+    }
+
+
+def weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def service_urls(out: Path) -> list[str]:
+    urls = []
+    for name in ("tool_server.log", "reward_server.log"):
+        for line in (out / "logs" / name).read_text().splitlines():
+            if "listening on " in line:
+                urls.append(line.split("listening on ")[1].split()[0])
+    return urls
+
+
+def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None:
+    straight = deepdive_run(write_config(tmp_path, "straight"))
+    stdout, stderr = straight.communicate(timeout=600)
+    assert straight.returncode == 0, stderr
+    out = tmp_path / "straight"
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["grpo_steps"] == 4 and summary["eval_questions"] == 2
+    assert set(summary["time_split_s"]) == TIMINGS
+    for name in ("metrics", "final_model", "plot", "summary", "checkpoints"):
+        assert str(out) in stdout.replace("\n", "") or Path(summary["paths"][name]).exists()
+        assert Path(summary["paths"][name]).exists()
+    assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(rows(out)) == [1, 2, 3, 4]
+    assert list((out / "logs" / "tensorboard").glob("events.out.tfevents.*"))
+
+    config = write_config(tmp_path, "killed")
+    killed_out = tmp_path / "killed"
+    victim = deepdive_run(config)
+    marker = killed_out / "checkpoints" / "step-000002" / "meta.json"
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        assert victim.poll() is None, victim.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    assert not (killed_out / "checkpoints" / "step-000004").exists()
+    assert not (killed_out / "summary.json").exists()
+    time.sleep(1)  # the services get SIGTERM from the kernel when their parent dies
+    for url in service_urls(killed_out):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
+
+    resumed = deepdive_run(config)
+    _, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr
+    assert "resumed from" in stderr and "at step 2" in stderr
+    assert rows(killed_out) == rows(out)  # steps 3 and 4 redone exactly, 1 and 2 kept once
+    expected, actual = weights(out / "final_model"), weights(killed_out / "final_model")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+    changed = write_config(tmp_path, "killed", "")
+    changed.write_text(
+        changed.read_text().replace("lr = ", "lr = ").replace("kl_coef = 0.05", "kl_coef = 0.1")
+    )
+    refused = subprocess.run(
+        [sys.executable, "-m", "slurm.cli", "run", str(changed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "grpo.kl_coef changed" in refused.stderr and "choose another run.out" in refused.stderr
+    fresh = (
+        changed.read_text()
+        .replace("kl_coef = 0.1", "kl_coef = 0.05")
+        .replace("resume = true", "")
+        .replace("[run]\n", "[run]\nresume = false\n")
+    )
+    changed.write_text(fresh)
+    refused = subprocess.run(
+        [sys.executable, "-m", "slurm.cli", "run", str(changed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "run.resume = false" in refused.stderr
+    assert os.path.exists(killed_out / "checkpoints" / "step-000004")  # nothing was overwritten

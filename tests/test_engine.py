@@ -55,6 +55,18 @@ def test_logprobs_equal_a_separate_forward_pass(engine: LocalEngine) -> None:
         1, torch.tensor(result.ids)[:, None]
     )[:, 0]
     assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
+    # and the trainer's own scoring function, on a padded batch next to a longer sequence
+    from deepdive.grpo import token_logprobs
+
+    with torch.no_grad():
+        scored = token_logprobs(
+            engine.model,
+            [ids + result.ids, ids + result.ids + [5] * 7],
+            engine.tokenizer.pad_token_id,
+        )
+    for row in (0, 1):
+        trainer_view = scored[row, len(ids) - 1 : len(ids) - 1 + len(result.ids)]
+        assert torch.allclose(torch.tensor(result.logprobs), trainer_view, atol=1e-4)
 
 
 def test_batched_rows_equal_single_rows(engine: LocalEngine) -> None:

@@ -8,8 +8,11 @@
   max(-ratio * A, -clip(ratio, 1 - eps, 1 + eps_high) * A) on loss-mask-1 tokens.
 - KL to a reference (`--use-kl-loss --kl-loss-type low_var_kl`): the k3 estimator
   exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10].
-- Reduction (slime's default, per-sample mean): each sample's masked token mean, averaged over
-  samples, so a long trajectory does not outweigh a short one.
+- Reduction: slime's default is the per-sample mean (each sample's masked token mean, averaged
+  over samples); `--calculate-per-token-loss` is the token mean (every mask-1 token of the
+  batch weighs the same). The per-sample mean weighs each token of a short trajectory more,
+  so when short trajectories are failures (a malformed first call), it pushes down the very
+  tokens successes share with them; the token mean does not.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ def masked_sample_mean(values: Any, mask: Any) -> Any:
     return per_row.mean()
 
 
+def masked_token_mean(values: Any, mask: Any) -> Any:
+    """Mean over every mask-1 entry of the batch."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
 def low_var_kl(logprobs: Any, ref_logprobs: Any) -> Any:
     import torch
 
@@ -66,22 +74,26 @@ def grpo_loss(
     clip_high: float = 0.2,
     ref_logprobs: Any = None,
     kl_coef: float = 0.0,
+    per_token: bool = False,
 ) -> LossParts:
-    """PPO-clip loss over [rows, tokens] tensors; `advantages` is per row or per token."""
+    """PPO-clip loss over [rows, tokens] tensors; `advantages` is per row or per token.
+    per_token: the token mean instead of the per-sample mean (see the module's docstring)."""
     import torch
+
+    reduce = masked_token_mean if per_token else masked_sample_mean
 
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -ratio * advantages
     clipped = -ratio.clamp(1 - clip_low, 1 + clip_high) * advantages
-    per_token = torch.maximum(unclipped, clipped)
-    policy = masked_sample_mean(per_token, mask)
-    clip_fraction = masked_sample_mean((clipped > unclipped).float(), mask)
+    token_losses = torch.maximum(unclipped, clipped)
+    policy = reduce(token_losses, mask)
+    clip_fraction = reduce((clipped > unclipped).float(), mask)
     loss = policy
     kl_value = 0.0
     if ref_logprobs is not None:
-        kl = masked_sample_mean(low_var_kl(logprobs, ref_logprobs), mask)
+        kl = reduce(low_var_kl(logprobs, ref_logprobs), mask)
         loss = loss + kl_coef * kl
         kl_value = float(kl.detach())
     return LossParts(loss, float(policy.detach()), kl_value, float(clip_fraction))

@@ -129,6 +129,7 @@ class GRPOSection:
     kl_coef: float = 0.0  # > 0 keeps a frozen reference (the warm-started policy)
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
+    per_token_loss: bool = False  # slime's --calculate-per-token-loss (token mean)
     updates_per_step: int = 1  # optimizer steps per rollout batch (minibatches)
     micro_batch: int = 16  # sequences per forward/backward pass
 

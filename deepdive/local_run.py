@@ -539,7 +539,11 @@ class LocalRun:
         chunk = max(1, len(examples) // grpo.updates_per_step)
         for start in range(0, len(examples), chunk):
             parts = trainer.grpo_step(
-                examples[start : start + chunk], grpo.clip_low, grpo.clip_high, grpo.kl_coef
+                examples[start : start + chunk],
+                grpo.clip_low,
+                grpo.clip_high,
+                grpo.kl_coef,
+                grpo.per_token_loss,
             )
             for key, value in parts.items():
                 update[key] = update.get(key, 0.0) + value / grpo.updates_per_step

@@ -120,14 +120,18 @@ class PolicyTrainer:
         clip_low: float,
         clip_high: float,
         kl_coef: float = 0.0,
+        per_token: bool = False,
     ) -> dict[str, float]:
-        """One optimizer step of the PPO-clip loss (plus KL to the reference when kl_coef > 0)."""
+        """One optimizer step of the PPO-clip loss (plus KL to the reference when kl_coef > 0).
+        Each pass is weighted by its share of the batch (of samples, or of tokens when
+        per_token), so the accumulated gradient is the whole batch's."""
         import torch
 
         sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         # A zero-advantage sample adds exactly nothing to the loss or its gradient (without KL),
         # but still counts in the per-sample mean: skip its passes, keep its share.
         active = [e for e in examples if e.advantage != 0 or kl_coef > 0]
+        total_tokens = sum(sum(e.loss_mask) for e in examples)
         self.model.train()
         for chunk in micro_batches(active, self.settings.micro_batch):
             width = max(len(e.tokens) for e in chunk)
@@ -141,9 +145,12 @@ class PolicyTrainer:
                 with torch.no_grad():
                     reference = token_logprobs(self.reference, sequences, self.pad_id)
             parts = grpo_loss(
-                logprobs, old, advantages, mask, clip_low, clip_high, reference, kl_coef
+                logprobs, old, advantages, mask, clip_low, clip_high, reference, kl_coef, per_token
             )
-            share = len(chunk) / len(examples)
+            if per_token:
+                share = sum(sum(e.loss_mask) for e in chunk) / max(1, total_tokens)
+            else:
+                share = len(chunk) / len(examples)
             (parts.loss * share).backward()
             sums["loss"] += float(parts.loss.detach()) * share
             sums["policy_loss"] += parts.policy_loss * share

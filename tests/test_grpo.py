@@ -46,6 +46,10 @@ def test_policy_loss_by_hand() -> None:
     assert parts.policy_loss == pytest.approx((row0 + row1) / 2, abs=1e-6)
     assert parts.clip_fraction == pytest.approx((1 / 2 + 1 / 3) / 2, abs=1e-6)
     assert parts.kl == 0.0
+    # slime's --calculate-per-token-loss: every unmasked token weighs the same
+    tokens = grpo_loss(logprobs, old, advantages, mask, 0.2, 0.28, per_token=True)
+    assert float(tokens.loss) == pytest.approx((-1.28 - 0.7 + 1.6 + 2.4 + 2.0) / 5, abs=1e-6)
+    assert tokens.clip_fraction == pytest.approx(2 / 5, abs=1e-6)
 
 
 def test_kl_to_the_reference_by_hand() -> None:
@@ -109,17 +113,18 @@ def test_micro_batches_give_the_same_step_as_one_batch(tokenizer: Any) -> None:
     for example, advantage in zip(examples, (1.0, -0.5, 0.25, -0.75), strict=True):
         example.advantage = advantage
         example.old_logprobs = [-3.0] * len(example.loss_mask)
-    results = []
-    for micro in (1, 16):
-        model = new_model(tokenizer, seed=4, hidden=32, layers=1, heads=2)
-        trainer = PolicyTrainer(
-            model, tokenizer.pad_token_id, OptimizerSettings(lr=1e-2, micro_batch=micro)
-        )
-        results.append(trainer.grpo_step(examples, 0.2, 0.28))
-    # the accumulated gradient is the same (its norm is measured before the optimizer step)
-    assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-5)
-    assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-5)
-    assert results[0]["grad_norm"] > 0
+    for per_token in (False, True):
+        results = []
+        for micro in (1, 16):
+            model = new_model(tokenizer, seed=4, hidden=32, layers=1, heads=2)
+            trainer = PolicyTrainer(
+                model, tokenizer.pad_token_id, OptimizerSettings(lr=1e-2, micro_batch=micro)
+            )
+            results.append(trainer.grpo_step(examples, 0.2, 0.28, per_token=per_token))
+        # the accumulated gradient is the same (its norm is measured before the optimizer step)
+        assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-5)
+        assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-5)
+        assert results[0]["grad_norm"] > 0
 
 
 def test_overfit_one_prompt_raises_the_rewarded_completion(tokenizer: Any) -> None:

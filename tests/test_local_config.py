@@ -81,7 +81,7 @@ def test_the_command_fails_fast_with_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"deepdive: error: {path}: [grpo]: unknown key 'clip_lowww' (expected one of: "
         "steps, prompts_per_step, samples_per_prompt, lr, normalize_std, clip_low, clip_high, "
-        "kl_coef, max_grad_norm, weight_decay, updates_per_step, micro_batch)"
+        "kl_coef, max_grad_norm, weight_decay, per_token_loss, updates_per_step, micro_batch)"
     ]
     assert not (tmp_path / "runs").exists()  # nothing started
 

@@ -92,5 +92,6 @@ def load_latest(folder: Path) -> tuple[int, dict[str, Any]] | None:
         return None
     latest = found[-1]
     step = int(orjson.loads((latest / META_FILE).read_bytes())["step"])
-    state = torch.load(latest / STATE_FILE, weights_only=False)
+    # on the CPU: load_state_dict copies onto the model's device, whichever machine wrote it
+    state = torch.load(latest / STATE_FILE, weights_only=False, map_location="cpu")
     return step, state

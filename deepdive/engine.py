@@ -108,7 +108,7 @@ class LocalEngine:
             )
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             generators = [
-                torch.Generator().manual_seed(r.seed) if r.seed is not None else None
+                torch.Generator(device=device).manual_seed(r.seed) if r.seed is not None else None
                 for r in requests
             ]
             results = [GenerationResult() for _ in requests]

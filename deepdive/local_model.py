@@ -84,11 +84,20 @@ def new_model(
     return model
 
 
-def load_model(path: str | Path) -> tuple[Any, Any]:
-    """Any local Hugging Face causal-LM folder (ours or a small real model) and its tokenizer."""
+def default_device() -> str:
+    """One GPU when torch sees one, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(path: str | Path, device: str | None = None) -> tuple[Any, Any]:
+    """Any local Hugging Face causal-LM folder (ours or a small real model) and its tokenizer,
+    on `device` (default: one GPU if present, else the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path))
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path))  # its stubs mistype .to()
+    model.to(device=device or default_device())  # in place, for modules
     model.eval()
     return model, tokenizer

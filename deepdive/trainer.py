@@ -40,7 +40,9 @@ class OptimizerSettings:
     micro_batch: int = 16
 
 
-def response_tensor(examples: Sequence[Example], width: int, values: Any) -> Any:
+def response_tensor(
+    examples: Sequence[Example], width: int, values: Any, device: Any = None
+) -> Any:
     """Per-response-token values placed where `token_logprobs` scores those tokens: [rows, width-1].
     `values(example)` gives one number per response token."""
     import torch
@@ -50,7 +52,7 @@ def response_tensor(examples: Sequence[Example], width: int, values: Any) -> Any
         start = example.prompt_length - 1
         row_values = values(example)
         out[row, start : start + len(row_values)] = torch.tensor(row_values, dtype=torch.float)
-    return out
+    return out.to(device) if device is not None else out
 
 
 def micro_batches(examples: Sequence[Example], size: int) -> Iterator[list[Example]]:
@@ -105,7 +107,7 @@ class PolicyTrainer:
         for chunk in micro_batches(examples, self.settings.micro_batch):
             width = max(len(e.tokens) for e in chunk)
             logprobs = token_logprobs(self.model, [e.tokens for e in chunk], self.pad_id)
-            mask = response_tensor(chunk, width, lambda e: e.loss_mask)
+            mask = response_tensor(chunk, width, lambda e: e.loss_mask, logprobs.device)
             loss = -masked_sample_mean(logprobs, mask) * (len(chunk) / len(examples))
             loss.backward()
             total += float(loss.detach())
@@ -137,9 +139,11 @@ class PolicyTrainer:
             width = max(len(e.tokens) for e in chunk)
             sequences = [e.tokens for e in chunk]
             logprobs = token_logprobs(self.model, sequences, self.pad_id)
-            mask = response_tensor(chunk, width, lambda e: e.loss_mask)
-            old = response_tensor(chunk, width, lambda e: e.old_logprobs)
-            advantages = torch.tensor([e.advantage for e in chunk], dtype=torch.float)
+            mask = response_tensor(chunk, width, lambda e: e.loss_mask, logprobs.device)
+            old = response_tensor(chunk, width, lambda e: e.old_logprobs, logprobs.device)
+            advantages = torch.tensor(
+                [e.advantage for e in chunk], dtype=torch.float, device=logprobs.device
+            )
             reference = None
             if kl_coef > 0 and self.reference is not None:
                 with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from dataclasses import fields
 from pathlib import Path
 
 from rich.console import Console
@@ -190,7 +191,7 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
     hops = Counter(question.hops for question in [*train, *held_out])
     manifest: dict[str, object] = {
         "seed": seed,
-        "sizes": sizes.__dict__,
+        "sizes": {item.name: getattr(sizes, item.name) for item in fields(WorldSizes)},
         "documents": len(documents),
         "train": len(train),
         "eval": len(held_out),

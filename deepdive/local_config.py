@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
+from deepdive.world import WorldSizes
 from services.exceptions import ConfigError
 from services.typed_config import load_toml
 
@@ -37,15 +38,11 @@ class RunSection:
 
 
 @dataclass(frozen=True)
-class WorldSection:
+class WorldSection(WorldSizes):
+    """The world's sizes (deepdive.world.WorldSizes: people, cities, guilds, artifacts,
+    train_questions, eval_questions, max_hops) and its seed."""
+
     seed: int = 0
-    people: int = 48
-    cities: int = 16
-    guilds: int = 10
-    artifacts: int = 32
-    train: int = 240
-    eval: int = 60
-    max_hops: int = 3  # questions walk 1 to max_hops relations
 
     def __post_init__(self) -> None:
         for item in fields(self):

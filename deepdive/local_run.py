@@ -52,7 +52,6 @@ from deepdive.warm_start import (
     tokenizer_texts,
     warm_start,
 )
-from deepdive.world import WorldSizes
 from services.exceptions import ConfigError
 from services.process import ServiceProcess
 from services.serve import bind, start_server_thread
@@ -113,16 +112,7 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 def prepare_data(config: LocalRunConfig, paths: RunPaths) -> dict[str, Any]:
     """The world, then train/eval prompt rows through the real converter (max_hops applied)."""
     world = config.world
-    sizes = WorldSizes(
-        world.people,
-        world.cities,
-        world.guilds,
-        world.artifacts,
-        world.train,
-        world.eval,
-        world.max_hops,
-    )
-    manifest = write_world(paths.world, world.seed, sizes)
+    manifest = write_world(paths.world, world.seed, world)
     for split in ("train", "eval"):
         if not manifest[split]:
             raise ConfigError(

@@ -169,9 +169,9 @@ def test_eval_split_is_deterministic_and_disjoint(tmp_path: Path) -> None:
     ).read_text()
 
 
-def test_the_command_prints_a_summary_and_the_slime_flags(tmp_path: Path) -> None:
-    out = tmp_path / "train.jsonl"
-    result = subprocess.run(
+def run_convert(out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`deepdive convert` on the golden QA rows, as a subprocess."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -181,11 +181,17 @@ def test_the_command_prints_a_summary_and_the_slime_flags(tmp_path: Path) -> Non
             str(GOLDEN / "qa_input.jsonl"),
             "--output",
             str(out),
+            *options,
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_the_command_prints_a_summary_and_the_slime_flags(tmp_path: Path) -> None:
+    out = tmp_path / "train.jsonl"
+    result = run_convert(out)
     assert result.returncode == 0, result.stderr
     for flag in (
         f"--prompt-data {out}",
@@ -226,23 +232,7 @@ def test_the_compact_system_prompt(tmp_path: Path) -> None:
     from deepdive.protocol import COMPACT_SYSTEM_PROMPT, TOOL_NAMES
 
     out = tmp_path / "train.jsonl"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slurm.cli",
-            "convert",
-            "--input",
-            str(GOLDEN / "qa_input.jsonl"),
-            "--output",
-            str(out),
-            "--system-prompt",
-            "compact",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_convert(out, "--system-prompt", "compact")
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {row["input_messages"][0]["content"] for row in rows} == {COMPACT_SYSTEM_PROMPT}

@@ -29,8 +29,8 @@ people = 12
 cities = 6
 guilds = 4
 artifacts = 8
-train = 16
-eval = 4
+train_questions = 16
+eval_questions = 4
 [model]
 hidden = 32
 layers = 1

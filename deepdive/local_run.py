@@ -390,7 +390,7 @@ class LocalRun:
         sampler = PromptSampler(len(train_rows), config.run.seed)
         summary: dict[str, Any] = {}
         if resumed is None:
-            summary["warm_start"] = self._warm_start(model, tokenizer)
+            summary["warm_start"] = self._warm_start(model, tokenizer, train_rows)
             engine.load_state_dict(model.state_dict())
             before = None
             if config.eval.before:
@@ -457,9 +457,11 @@ class LocalRun:
         )
         return summary
 
-    def _warm_start(self, model: Any, tokenizer: Any) -> dict[str, Any]:
+    def _warm_start(
+        self, model: Any, tokenizer: Any, train_rows: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         section = self.config.warm_start
-        kept = {row["id"] for row in read_prompt_rows(self.paths.data / "train.jsonl")}
+        kept = {row["id"] for row in train_rows}
         system_prompt = SYSTEM_PROMPTS[self.config.rollout.system_prompt]
         examples = [
             demonstration_example(row, tokenizer, system_prompt)

@@ -25,15 +25,16 @@ class RunLog:
         self._writer = SummaryWriter(str(folder / "tensorboard"), flush_secs=10)
 
     def _drop_after(self, step: int | None) -> None:
+        """Keep the complete lines of steps <= `step`; a run that starts over (None) keeps none."""
         if not self.path.exists():
+            return
+        if step is None:
+            self.path.unlink()
             return
         kept = [
             line
             for line in self.path.read_bytes().splitlines()
-            if line.strip()
-            and step is not None
-            and _complete(line)
-            and orjson.loads(line).get("step", 0) <= step
+            if line.strip() and _complete(line) and orjson.loads(line).get("step", 0) <= step
         ]
         partial = self.path.with_suffix(".tmp")
         partial.write_bytes(b"".join(line + b"\n" for line in kept))

@@ -135,9 +135,3 @@ def _kind(value: Any) -> str:
         list: "a list",
         dict: "a table",
     }.get(type(value), type(value).__name__)
-
-
-def positive(source_key: str, value: float) -> None:
-    """For dataclasses' __post_init__: values that must be > 0."""
-    if value <= 0:
-        raise ConfigError(f"{source_key}: expected a positive number, got {value!r}")

@@ -100,18 +100,26 @@ class RolloutSection:
 
 @dataclass(frozen=True)
 class WarmStartSection:
-    """Supervised steps on demonstrations.jsonl (loss on the model's segments only)."""
+    """Supervised steps on demonstrations.jsonl: loss on the model's segments, and on the
+    observations weighted by `observation_weight` (see deepdive.warm_start for why)."""
 
     epochs: float = 3.0
     batch_size: int = 8
     lr: float = 3e-3
     warmup_steps: int = 10
+    observation_weight: float = 0.0
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 0, "warm_start.epochs", ">= 0", self.epochs)
         _require(self.batch_size >= 1, "warm_start.batch_size", "at least 1", self.batch_size)
         _require(self.lr > 0, "warm_start.lr", "a positive number", self.lr)
         _require(self.warmup_steps >= 0, "warm_start.warmup_steps", ">= 0", self.warmup_steps)
+        _require(
+            0 <= self.observation_weight <= 1,
+            "warm_start.observation_weight",
+            "in [0, 1]",
+            self.observation_weight,
+        )
 
 
 @dataclass(frozen=True)

@@ -464,7 +464,7 @@ class LocalRun:
         kept = {row["id"] for row in train_rows}
         system_prompt = SYSTEM_PROMPTS[self.config.rollout.system_prompt]
         examples = [
-            demonstration_example(row, tokenizer, system_prompt)
+            demonstration_example(row, tokenizer, system_prompt, section.observation_weight)
             for row in read_demonstrations(self.paths.world / "demonstrations.jsonl")
             if row["id"] in kept
         ]

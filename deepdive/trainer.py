@@ -19,11 +19,12 @@ from deepdive.grpo import grpo_loss, masked_sample_mean, token_logprobs
 @dataclass
 class Example:
     """One sequence to learn from: prompt + response tokens, the response's loss mask, and for
-    GRPO the log-probs it was sampled with and its advantage."""
+    GRPO the log-probs it was sampled with and its advantage. A supervised example's mask may
+    hold weights between 0 and 1 (the warm start's weighted observations)."""
 
     tokens: list[int]
     prompt_length: int
-    loss_mask: list[int]
+    loss_mask: Sequence[float]
     old_logprobs: list[float] | None = None
     advantage: float = 0.0
 
@@ -100,7 +101,7 @@ class PolicyTrainer:
         return float(norm)
 
     def sft_step(self, examples: Sequence[Example]) -> dict[str, float]:
-        """One optimizer step of masked negative log-likelihood over `examples`."""
+        """One optimizer step of masked (weighted) negative log-likelihood over `examples`."""
         self.model.train()
         total = 0.0
         tokens = 0
@@ -111,7 +112,7 @@ class PolicyTrainer:
             loss = -masked_sample_mean(logprobs, mask) * (len(chunk) / len(examples))
             loss.backward()
             total += float(loss.detach())
-            tokens += int(mask.sum())
+            tokens += int((mask > 0).sum())
         norm = self._step()
         self.model.eval()
         return {"loss": total, "grad_norm": norm, "tokens": tokens}

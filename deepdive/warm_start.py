@@ -2,7 +2,13 @@
 
 Each demonstration becomes the exact token sequence the rollout would build: the chat-templated
 prompt, then each segment tokenised on its own (as the rollout tokenises each observation on
-its own), with loss mask 1 on the model's segments and 0 on observations.
+its own), with loss mask 1 on the model's segments and `observation_weight` on observations.
+
+SFT of a pretrained model masks observations (weight 0). A policy trained from random weights
+has no pretraining, and what it lacks is in-context copying (the question's words into the
+query, the answer off the page): predicting the world's pages, which repeat every name in
+title, URL and text, teaches that copying, and the policy then generalises to held-out
+questions instead of memorising the training ones (README "Local training" has the figures).
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ def tokenizer_texts(
 
 
 def demonstration_example(
-    row: dict[str, Any], tokenizer: Any, system_prompt: str | None = None
+    row: dict[str, Any],
+    tokenizer: Any,
+    system_prompt: str | None = None,
+    observation_weight: float = 0.0,
 ) -> Example:
     """`system_prompt` replaces the demonstration's own, so the warm start sees the prompt the
     rollouts will see."""
@@ -49,11 +58,12 @@ def demonstration_example(
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt_ids = list(tokenizer.encode(prompt, add_special_tokens=False))
     ids: list[int] = []
-    mask: list[int] = []
+    mask: list[float] = []
     for segment in row["segments"]:
         piece = list(tokenizer.encode(segment["text"], add_special_tokens=False))
         ids += piece
-        mask += [1 if segment["role"] == "model" else 0] * len(piece)
+        weight = 1.0 if segment["role"] == "model" else observation_weight
+        mask += [weight] * len(piece)
     return Example(prompt_ids + ids, len(prompt_ids), mask)
 
 

@@ -48,6 +48,10 @@ def test_values_are_read_and_ints_count_as_floats(tmp_path: Path) -> None:
         ('[rollout]\non_malformed = "retry"\n', "expected one of 'fail', 'continue'"),
         ("grpo = 3\n", "[grpo]: expected a table, got an integer"),
         ("[grpo]\nsamples_per_prompt = 0\n", "grpo.samples_per_prompt: expected at least 1"),
+        (
+            "[warm_start]\nobservation_weight = 1.5\n",
+            "warm_start.observation_weight: expected in [0, 1]",
+        ),
         ("[grpo]\nupdates_per_step = 3\n", "grpo.updates_per_step: expected a divisor of"),
         ('[model]\npath = "/nonexistent/model"\n', "model.path: expected a Hugging Face model"),
         ("[grpo\n", "not valid TOML"),

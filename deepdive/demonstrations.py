@@ -1,8 +1,11 @@
 """Demonstration trajectories for a short supervised warm start (DeepDive also starts RL from SFT).
 
 Each demonstration is what a competent agent would do for one world question: search for the
-start entity by its description, click it, then search and click each entity along the walk,
-and finish with the answer. Observations are produced by the tool server's own offline search,
+start entity by its description, click it, then search and click each entity along the walk
+whose page holds the next fact, and finish with the answer. When the answer is an entity, its
+name is already on the page before it, so its own page is not opened: one search and one click
+per hop, the fewest calls that read every fact the answer rests on (and the shortest sequences
+for the warm start and the rollouts). Observations are produced by the tool server's own offline search,
 result formatting and page formatting, so they are exactly what the rollout will see.
 """
 
@@ -46,7 +49,9 @@ class Demonstrator:
     def demonstrate(self, question: Question) -> list[Segment] | None:
         """The segments of one trajectory, or None when search cannot reach a step (skipped)."""
         segments: list[Segment] = []
-        for step, name in enumerate(question.path):
+        answer_is_an_entity = question.answer == question.path[-1]
+        to_open = question.path[:-1] if answer_is_an_entity else question.path
+        for step, name in enumerate(to_open):
             entity = self.world.entities[name]
             query = describe(entity) if step == 0 else name
             thought = f"I need to find {query}." if step == 0 else f"Next I look up {name}."

@@ -109,6 +109,22 @@ async def test_every_demonstration_earns_the_strict_reward(world_dir: Path) -> N
         assert demo["response"] == "".join(s["text"] for s in demo["segments"])
 
 
+def test_demonstrations_read_every_fact_and_open_no_page_they_do_not_need(
+    world_dir: Path,
+) -> None:
+    questions = {row["id"]: row for row in rows(world_dir / "qa_train.jsonl")}
+    for demo in rows(world_dir / "demonstrations.jsonl"):
+        question = questions[demo["id"]]
+        observations = [s["text"] for s in demo["segments"] if s["role"] == "observation"]
+        # the answer is read off the last page opened, never guessed
+        assert question["answer"] in observations[-1], demo["id"]
+        # one search and one click per hop: an entity answer is named on the page before its
+        # own, which is not opened; a year ("@founded") is read off its entity's page
+        searches = demo["response"].count('"name":"search"')
+        assert searches == question["hops"], demo["id"]
+        assert demo["response"].count('"name":"click"') == searches
+
+
 def test_demonstration_observations_are_what_the_tool_server_answers(
     world_dir: Path, tmp_path: Path
 ) -> None:

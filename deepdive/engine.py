@@ -116,8 +116,13 @@ class LocalEngine:
             eos = {self.tokenizer.eos_token_id}
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             past, logits = out.cache, out.logits[:, -1, :].float()
+            # SGLang's default: the log-probs of the distribution each token was sampled from,
+            # softmax(logits / temperature); greedy rows report the plain softmax
+            scale = torch.tensor(
+                [[r.temperature if r.temperature > 0 else 1.0] for r in requests], device=device
+            )
             while any(active):
-                logprobs = torch.log_softmax(logits, dim=-1)
+                logprobs = torch.log_softmax(logits / scale, dim=-1)
                 next_ids = []
                 for row, request in enumerate(requests):
                     if not active[row]:

@@ -99,11 +99,15 @@ def grpo_loss(
     return LossParts(loss, float(policy.detach()), kl_value, float(clip_fraction))
 
 
-def token_logprobs(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) -> Any:
+def token_logprobs(
+    model: Any, sequences: Sequence[Sequence[int]], pad_id: int, temperature: float = 1.0
+) -> Any:
     """log p(token_t | tokens_<t) for every token after the first, right-padded: [rows, max-1].
 
-    The engine samples from the same log-softmax of the same weights, so for tokens it produced
-    these equal its `output_token_logprobs` (tests/test_engine.py checks it).
+    `temperature` divides the logits first, as slime does with `--rollout-temperature` in its
+    policy loss: the loss then scores the distribution the rollouts were sampled from. The
+    engine samples from, and reports, the same log-softmax of the same weights, so for tokens
+    it produced these equal its `output_token_logprobs` (tests/test_engine.py checks it).
     """
     import torch
 
@@ -115,5 +119,7 @@ def token_logprobs(model: Any, sequences: Sequence[Sequence[int]], pad_id: int) 
         ids[row, : len(sequence)] = torch.tensor(list(sequence), dtype=torch.long)
         attention[row, : len(sequence)] = 1
     logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1, :].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
     return logprobs.gather(-1, ids[:, 1:, None]).squeeze(-1)

@@ -536,6 +536,7 @@ class LocalRun:
                 grpo.clip_high,
                 grpo.kl_coef,
                 grpo.per_token_loss,
+                self.config.rollout.temperature or 1.0,
             )
             for key, value in parts.items():
                 update[key] = update.get(key, 0.0) + value / grpo.updates_per_step

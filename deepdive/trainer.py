@@ -124,10 +124,12 @@ class PolicyTrainer:
         clip_high: float,
         kl_coef: float = 0.0,
         per_token: bool = False,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
-        """One optimizer step of the PPO-clip loss (plus KL to the reference when kl_coef > 0).
-        Each pass is weighted by its share of the batch (of samples, or of tokens when
-        per_token), so the accumulated gradient is the whole batch's."""
+        """One optimizer step of the PPO-clip loss (plus KL to the reference when kl_coef > 0)
+        on log-probs at the rollout `temperature` (as slime scores them). Each pass is weighted
+        by its share of the batch (of samples, or of tokens when per_token), so the accumulated
+        gradient is the whole batch's."""
         import torch
 
         sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
@@ -139,7 +141,7 @@ class PolicyTrainer:
         for chunk in micro_batches(active, self.settings.micro_batch):
             width = max(len(e.tokens) for e in chunk)
             sequences = [e.tokens for e in chunk]
-            logprobs = token_logprobs(self.model, sequences, self.pad_id)
+            logprobs = token_logprobs(self.model, sequences, self.pad_id, temperature)
             mask = response_tensor(chunk, width, lambda e: e.loss_mask, logprobs.device)
             old = response_tensor(chunk, width, lambda e: e.old_logprobs, logprobs.device)
             advantages = torch.tensor(
@@ -148,7 +150,7 @@ class PolicyTrainer:
             reference = None
             if kl_coef > 0 and self.reference is not None:
                 with torch.no_grad():
-                    reference = token_logprobs(self.reference, sequences, self.pad_id)
+                    reference = token_logprobs(self.reference, sequences, self.pad_id, temperature)
             parts = grpo_loss(
                 logprobs, old, advantages, mask, clip_low, clip_high, reference, kl_coef, per_token
             )

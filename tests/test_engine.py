@@ -45,13 +45,17 @@ def prompt_ids(engine: LocalEngine, question: str = "Who made the silver lute?")
     return ids
 
 
-def test_logprobs_equal_a_separate_forward_pass(engine: LocalEngine) -> None:
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_logprobs_equal_a_separate_forward_pass(engine: LocalEngine, temperature: float) -> None:
+    """At any temperature the engine reports log softmax(logits / T), the distribution it
+    sampled from (SGLang's default), and the trainer scores the same at the same T."""
     ids = prompt_ids(engine)
-    [result] = engine.generate_batch([GenerationRequest(ids, max_new_tokens=24, seed=5)])
+    request = GenerationRequest(ids, max_new_tokens=24, temperature=temperature, seed=5)
+    [result] = engine.generate_batch([request])
     assert len(result.ids) == len(result.logprobs) > 0
     with torch.no_grad():
         logits = engine.model(input_ids=torch.tensor([ids + result.ids])).logits[0].float()
-    expected = torch.log_softmax(logits, -1)[len(ids) - 1 : -1].gather(
+    expected = torch.log_softmax(logits / temperature, -1)[len(ids) - 1 : -1].gather(
         1, torch.tensor(result.ids)[:, None]
     )[:, 0]
     assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
@@ -63,10 +67,15 @@ def test_logprobs_equal_a_separate_forward_pass(engine: LocalEngine) -> None:
             engine.model,
             [ids + result.ids, ids + result.ids + [5] * 7],
             engine.tokenizer.pad_token_id,
+            temperature,
         )
     for row in (0, 1):
         trainer_view = scored[row, len(ids) - 1 : len(ids) - 1 + len(result.ids)]
         assert torch.allclose(torch.tensor(result.logprobs), trainer_view, atol=1e-4)
+    if temperature != 1.0:
+        plain = torch.log_softmax(logits, -1)[len(ids) - 1 : -1]
+        plain = plain.gather(1, torch.tensor(result.ids)[:, None])[:, 0]
+        assert not torch.allclose(torch.tensor(result.logprobs), plain, atol=1e-3)
 
 
 def test_batched_rows_equal_single_rows(engine: LocalEngine) -> None:

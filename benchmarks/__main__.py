@@ -101,6 +101,7 @@ def show_local_training(console: Console, results: dict[str, Any]) -> None:
         "seed",
         "held-out after warm start",
         "held-out after GRPO",
+        "lift ± s.e.",
         "train reward first / last 5",
         "GRPO steps/min",
         "rollout s",
@@ -115,6 +116,7 @@ def show_local_training(console: Console, results: dict[str, Any]) -> None:
             str(run["seed"]),
             f"{run['eval_before']:.3f}",
             f"{run['eval_after']:.3f}",
+            f"{run['eval_after'] - run['eval_before']:+.3f} ± {run['lift_se']:.3f}",
             f"{run['train_reward_first']:.2f} / {run['train_reward_last5']:.2f}",
             f"{run['steps_per_minute']:.2f}",
             f"{run['rollout_s']:.0f}",
@@ -125,7 +127,8 @@ def show_local_training(console: Console, results: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         f"held-out reward: {results['eval_before_mean']:.3f} after the warm start, "
-        f"{results['eval_after_mean']:.3f} after GRPO (mean lift {results['lift_mean']:+.3f}; "
+        f"{results['eval_after_mean']:.3f} after GRPO (mean lift {results['lift_mean']:+.3f} "
+        f"± {results['lift_mean_se']:.3f}; "
         f"GRPO lifted {results['lifted_seeds']} of {len(results['runs'])} seeds)"
     )
 

@@ -5,6 +5,7 @@ on this machine."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import subprocess
 import sys
@@ -43,12 +44,17 @@ def run_seed(seed: int, out: Path) -> dict[str, Any]:
         raise RuntimeError(f"seed {seed} failed:\n{result.stderr[-3000:]}")
     summary: dict[str, Any] = orjson.loads((out / "summary.json").read_bytes())
     split = summary["time_split_s"]
+    before, after = summary["eval_reward_before"], summary["eval_reward_after"]
+    episodes = summary["eval_episodes"]
     return {
         "seed": seed,
         "wall_s": round(time.monotonic() - started, 1),
         "warm_start_s": summary["warm_start"]["seconds"],
         "eval_before": summary["eval_reward_before"],
         "eval_after": summary["eval_reward_after"],
+        "eval_episodes": episodes,
+        # the standard error of after - before: two independent binomial estimates
+        "lift_se": math.sqrt((before * (1 - before) + after * (1 - after)) / episodes),
         "train_reward_first": summary["train_reward_first"],
         "train_reward_last5": summary["train_reward_last5"],
         "steps": summary["grpo_steps"],
@@ -70,5 +76,7 @@ def run(seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
         "eval_before_mean": statistics.mean(before),
         "eval_after_mean": statistics.mean(after),
         "lift_mean": statistics.mean(a - b for a, b in zip(after, before, strict=True)),
+        # of the mean lift over the seeds, from each seed's binomial standard error
+        "lift_mean_se": math.sqrt(sum(r["lift_se"] ** 2 for r in runs)) / len(runs),
         "lifted_seeds": sum(a > b for a, b in zip(after, before, strict=True)),
     }

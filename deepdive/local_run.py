@@ -445,6 +445,7 @@ class LocalRun:
                 "eval_reward_before": before,
                 "eval_reward_after": after,
                 "eval_questions": len(eval_rows),
+                "eval_episodes": len(eval_rows) * self.config.eval.samples,
                 "grpo_steps": grpo.steps,
                 "grpo_steps_this_session": steps_done,
                 "steps_per_minute": round(60 * steps_done / grpo_s, 2) if grpo_s else None,

@@ -50,8 +50,8 @@ def run_seed(seed: int, out: Path) -> dict[str, Any]:
         "seed": seed,
         "wall_s": round(time.monotonic() - started, 1),
         "warm_start_s": summary["warm_start"]["seconds"],
-        "eval_before": summary["eval_reward_before"],
-        "eval_after": summary["eval_reward_after"],
+        "eval_before": before,
+        "eval_after": after,
         "eval_episodes": episodes,
         # the standard error of after - before: two independent binomial estimates
         "lift_se": math.sqrt((before * (1 - before) + after * (1 - after)) / episodes),

@@ -5,8 +5,9 @@ start entity by its description, click it, then search and click each entity alo
 whose page holds the next fact, and finish with the answer. When the answer is an entity, its
 name is already on the page before it, so its own page is not opened: one search and one click
 per hop, the fewest calls that read every fact the answer rests on (and the shortest sequences
-for the warm start and the rollouts). Observations are produced by the tool server's own offline search,
-result formatting and page formatting, so they are exactly what the rollout will see.
+for the warm start and the rollouts). Observations are produced by the tool server's own
+offline search, result formatting and page formatting, so they are exactly what the rollout
+will see.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepdive.grpo import scoring_temperature
+
 
 @dataclass
 class GenerationRequest:
@@ -119,7 +121,7 @@ class LocalEngine:
             # SGLang's default: the log-probs of the distribution each token was sampled from,
             # softmax(logits / temperature); greedy rows report the plain softmax
             scale = torch.tensor(
-                [[r.temperature if r.temperature > 0 else 1.0] for r in requests], device=device
+                [[scoring_temperature(r.temperature)] for r in requests], device=device
             )
             while any(active):
                 logprobs = torch.log_softmax(logits / scale, dim=-1)

@@ -99,6 +99,12 @@ def grpo_loss(
     return LossParts(loss, float(policy.detach()), kl_value, float(clip_fraction))
 
 
+def scoring_temperature(sampling_temperature: float) -> float:
+    """The temperature log-probs are taken at for tokens sampled at `sampling_temperature`:
+    the same, except greedy decoding (0), which is scored at the plain softmax."""
+    return sampling_temperature if sampling_temperature > 0 else 1.0
+
+
 def token_logprobs(
     model: Any, sequences: Sequence[Sequence[int]], pad_id: int, temperature: float = 1.0
 ) -> Any:

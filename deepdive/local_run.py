@@ -38,7 +38,7 @@ from deepdive.checkpoint import load_latest, restore_rng, rng_state, save_checkp
 from deepdive.clients import close_clients
 from deepdive.command import write_world
 from deepdive.convert import AtomicJsonlWriter, convert
-from deepdive.grpo import group_advantages
+from deepdive.grpo import group_advantages, scoring_temperature
 from deepdive.local_config import LocalRunConfig
 from deepdive.prompts import PromptSampler, read_prompt_rows, sample_from_row
 from deepdive.protocol import SYSTEM_PROMPTS
@@ -537,7 +537,7 @@ class LocalRun:
                 grpo.clip_high,
                 grpo.kl_coef,
                 grpo.per_token_loss,
-                self.config.rollout.temperature or 1.0,
+                scoring_temperature(self.config.rollout.temperature),
             )
             for key, value in parts.items():
                 update[key] = update.get(key, 0.0) + value / grpo.updates_per_step

@@ -21,7 +21,15 @@ from deepdive.convert import (
 )
 from deepdive.demonstrations import Demonstrator, demonstration_row
 from deepdive.protocol import SYSTEM_PROMPTS
-from deepdive.world import WorldSizes, corpus, generate_questions, generate_world
+from deepdive.world import (
+    Question,
+    World,
+    WorldSizes,
+    corpus,
+    demonstration_world_seeds,
+    generate_questions,
+    generate_world,
+)
 from services.exceptions import ConfigError
 from services.tool_server.corpus import CorpusIndex, Document
 
@@ -130,16 +138,29 @@ def add_world_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"how many {name} (default: %(default)s)",
         )
     parser.add_argument(
+        "--sft",
+        type=int,
+        default=sizes.sft_questions,
+        help="questions with a demonstration, for the warm start (default: %(default)s)",
+    )
+    parser.add_argument(
         "--train",
         type=int,
         default=sizes.train_questions,
-        help="training questions (default: %(default)s)",
+        help="RL training questions, disjoint from --sft (default: %(default)s)",
     )
     parser.add_argument(
         "--eval",
         type=int,
         default=sizes.eval_questions,
         help="held-out questions (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sft-worlds",
+        type=int,
+        default=sizes.sft_worlds,
+        help="draw the --sft questions from this many other worlds, none from this one: "
+        "the warm start then cannot recall this world's facts (default: %(default)s)",
     )
     parser.add_argument(
         "--max-hops",
@@ -152,47 +173,82 @@ def add_world_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_world(args: argparse.Namespace) -> None:
     console = Console(stderr=True)
-    for name in ("people", "cities", "guilds", "artifacts", "train", "eval"):
+    for name in ("people", "cities", "guilds", "artifacts", "sft", "train", "eval"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name}: expected at least 1, got {getattr(args, name)}")
+    if args.sft_worlds < 0:
+        raise ConfigError(f"--sft-worlds: expected 0 (this world) or more, got {args.sft_worlds}")
     sizes = WorldSizes(
-        args.people, args.cities, args.guilds, args.artifacts, args.train, args.eval, args.max_hops
+        people=args.people,
+        cities=args.cities,
+        guilds=args.guilds,
+        artifacts=args.artifacts,
+        train_questions=args.train,
+        eval_questions=args.eval,
+        max_hops=args.max_hops,
+        sft_questions=args.sft,
+        sft_worlds=args.sft_worlds,
     )
     manifest = write_world(args.out, args.seed, sizes)
     console.print(
-        f"world seed {args.seed}: {manifest['documents']} documents, {manifest['train']} train and "
-        f"{manifest['eval']} eval questions (hops {manifest['hops']}), "
-        f"{manifest['demonstrations']} demonstrations in {args.out}",
+        f"world seed {args.seed}: {manifest['documents']} documents, {manifest['sft']} warm-start, "
+        f"{manifest['train']} train and {manifest['eval']} eval questions "
+        f"(hops {manifest['hops']}), {manifest['demonstrations']} demonstrations in {args.out}",
         highlight=False,
         soft_wrap=True,
     )
 
 
+def demonstrate(
+    world: World, documents: list[dict[str, str]], questions: list[Question]
+) -> list[dict[str, object]]:
+    """A demonstration row per question that search can walk (the others are skipped)."""
+    index = CorpusIndex.open([Document(**d) for d in documents], None, show_progress=False)
+    demonstrator = Demonstrator(world, index)
+    rows = []
+    for question in questions:
+        segments = demonstrator.demonstrate(question)
+        if segments is not None:
+            rows.append(demonstration_row(question, segments))
+    return rows
+
+
 def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
-    """Write corpus.jsonl, qa_train.jsonl, qa_eval.jsonl, demonstrations.jsonl, manifest.json."""
+    """Write corpus.jsonl, qa_sft.jsonl, qa_train.jsonl, qa_eval.jsonl, demonstrations.jsonl
+    (one per qa_sft question) and manifest.json. The three question sets are disjoint."""
     world = generate_world(seed, sizes)
     documents = corpus(world)
     taken: set[str] = set()
-    # held-out questions first: in a small world the question space runs out, and the
-    # evaluation must never be the split that comes up short
+    # held-out questions first, then the RL prompts: in a small world the question space runs
+    # out, and the evaluation must never be the split that comes up short
     held_out = generate_questions(
         world, sizes.eval_questions, seed * 1_000 + 2, taken, sizes.max_hops
     )
     train = generate_questions(
         world, sizes.train_questions, seed * 1_000 + 1, taken, sizes.max_hops
     )
-    index = CorpusIndex.open([Document(**d) for d in documents], None, show_progress=False)
-    demonstrator = Demonstrator(world, index)
-    demonstrations = []
-    for question in train:
-        segments = demonstrator.demonstrate(question)
-        if segments is not None:
-            demonstrations.append(demonstration_row(question, segments))
-    hops = Counter(question.hops for question in [*train, *held_out])
+    if sizes.sft_worlds:
+        sft, demonstrations = [], []
+        seeds = demonstration_world_seeds(seed, sizes.sft_worlds)
+        for k, other_seed in enumerate(seeds):
+            share = sizes.sft_questions // len(seeds) + (k < sizes.sft_questions % len(seeds))
+            other = generate_world(other_seed, sizes)
+            questions = generate_questions(
+                other, share, other_seed * 1_000 + 3, set(), sizes.max_hops
+            )
+            sft += questions
+            demonstrations += demonstrate(other, corpus(other), questions)
+    else:
+        sft = generate_questions(
+            world, sizes.sft_questions, seed * 1_000 + 3, taken, sizes.max_hops
+        )
+        demonstrations = demonstrate(world, documents, sft)
+    hops = Counter(question.hops for question in [*sft, *train, *held_out])
     manifest: dict[str, object] = {
         "seed": seed,
         "sizes": {item.name: getattr(sizes, item.name) for item in fields(WorldSizes)},
         "documents": len(documents),
+        "sft": len(sft),
         "train": len(train),
         "eval": len(held_out),
         "demonstrations": len(demonstrations),
@@ -201,6 +257,7 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (
         ("corpus.jsonl", documents),
+        ("qa_sft.jsonl", [q.as_row() for q in sft]),
         ("qa_train.jsonl", [q.as_row() for q in train]),
         ("qa_eval.jsonl", [q.as_row() for q in held_out]),
         ("demonstrations.jsonl", demonstrations),

@@ -46,9 +46,12 @@ class WorldSection(WorldSizes):
 
     def __post_init__(self) -> None:
         for item in fields(self):
-            if item.name != "seed":
+            if item.name not in ("seed", "sft_worlds"):
                 value = getattr(self, item.name)
                 _require(value >= 1, f"world.{item.name}", "at least 1", value)
+        _require(
+            self.sft_worlds >= 0, "world.sft_worlds", "0 (this world) or more", self.sft_worlds
+        )
         _require(self.max_hops <= 3, "world.max_hops", "1, 2 or 3", self.max_hops)
 
 

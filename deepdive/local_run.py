@@ -113,12 +113,16 @@ def prepare_data(config: LocalRunConfig, paths: RunPaths) -> dict[str, Any]:
     """The world, then train/eval prompt rows through the real converter (max_hops applied)."""
     world = config.world
     manifest = write_world(paths.world, world.seed, world)
-    for split in ("train", "eval"):
-        if not manifest[split]:
+    needed = {"train": "training question", "eval": "held-out question"}
+    if config.warm_start.epochs:
+        needed["demonstrations"] = "demonstration for the warm start"
+    for key, what in needed.items():
+        if not manifest[key]:
             raise ConfigError(
-                f"this world has no {split} question: a bigger world (world.people, "
-                "world.artifacts, ...) or a larger world.max_hops makes room for more"
+                f"this world has no {what}: a bigger world (world.people, world.artifacts, "
+                "...) or a larger world.max_hops makes room for more"
             )
+    for split in ("train", "eval"):
         convert(
             paths.world / f"qa_{split}.jsonl",
             paths.data / f"{split}.jsonl",
@@ -275,8 +279,8 @@ class LocalRun:
         paths.root.mkdir(parents=True, exist_ok=True)
         manifest = prepare_data(config, paths)
         self.say(
-            f"world: {manifest['documents']} pages, {manifest['train']} train and "
-            f"{manifest['eval']} held-out questions in {paths.world}"
+            f"world: {manifest['documents']} pages, {manifest['demonstrations']} demonstrations, "
+            f"{manifest['train']} train and {manifest['eval']} held-out questions in {paths.world}"
         )
         model, tokenizer = build_policy(config, paths)
         random.seed(config.run.seed)
@@ -390,7 +394,7 @@ class LocalRun:
         sampler = PromptSampler(len(train_rows), config.run.seed)
         summary: dict[str, Any] = {}
         if resumed is None:
-            summary["warm_start"] = self._warm_start(model, tokenizer, train_rows)
+            summary["warm_start"] = self._warm_start(model, tokenizer)
             engine.load_state_dict(model.state_dict())
             before = None
             if config.eval.before:
@@ -458,16 +462,13 @@ class LocalRun:
         )
         return summary
 
-    def _warm_start(
-        self, model: Any, tokenizer: Any, train_rows: list[dict[str, Any]]
-    ) -> dict[str, Any]:
+    def _warm_start(self, model: Any, tokenizer: Any) -> dict[str, Any]:
+        """On the demonstrations of the qa_sft questions, which GRPO never samples."""
         section = self.config.warm_start
-        kept = {row["id"] for row in train_rows}
         system_prompt = SYSTEM_PROMPTS[self.config.rollout.system_prompt]
         examples = [
             demonstration_example(row, tokenizer, system_prompt, section.observation_weight)
             for row in read_demonstrations(self.paths.world / "demonstrations.jsonl")
-            if row["id"] in kept
         ]
         trainer = PolicyTrainer(
             model,

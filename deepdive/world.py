@@ -68,9 +68,15 @@ class WorldSizes:
     cities: int = 16
     guilds: int = 10
     artifacts: int = 32
-    train_questions: int = 240
+    train_questions: int = 240  # RL prompts (DeepDive's qa_rl)
     eval_questions: int = 60
     max_hops: int = 3  # questions walk 1 to max_hops relations
+    # demonstrated questions for the supervised warm start (DeepDive's qa_sft), disjoint from
+    # the RL prompts: GRPO on questions the policy was shown would reward recall, not search
+    sft_questions: int = 120
+    # > 0: the demonstrations walk this many other worlds (other seeds) instead of this one, so
+    # the warm start cannot learn this world's facts and must learn to read them off the page
+    sft_worlds: int = 0
 
 
 @dataclass
@@ -111,6 +117,11 @@ def _unique(taken: set[str], make: Any, key: Any = None) -> str:
 
 def _surname(name: str) -> str:
     return name.split()[-1]
+
+
+def demonstration_world_seeds(seed: int, count: int) -> list[int]:
+    """The seeds of the worlds a world's demonstrations come from: never `seed` itself."""
+    return [seed * 1_000 + 100 + k for k in range(count)]
 
 
 def generate_world(seed: int, sizes: WorldSizes = WorldSizes()) -> World:

@@ -28,7 +28,7 @@ from tests.conftest import serve_in_thread  # noqa: E402
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> LocalEngine:
     out = tmp_path_factory.mktemp("world")
-    write_world(out, seed=3, sizes=WorldSizes(12, 6, 4, 8, 20, 5))
+    write_world(out, seed=3, sizes=WorldSizes(12, 6, 4, 8, 20, 5, sft_questions=20))
     texts = [
         json.loads(line)["response"]
         for line in (out / "demonstrations.jsonl").read_text().splitlines()

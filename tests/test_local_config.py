@@ -53,6 +53,8 @@ def test_values_are_read_and_ints_count_as_floats(tmp_path: Path) -> None:
             "warm_start.observation_weight: expected in [0, 1]",
         ),
         ("[grpo]\nupdates_per_step = 3\n", "grpo.updates_per_step: expected a divisor of"),
+        ("[world]\nsft_worlds = -1\n", "world.sft_worlds: expected 0 (this world) or more"),
+        ("[world]\nsft_questions = 0\n", "world.sft_questions: expected at least 1"),
         ('[model]\npath = "/nonexistent/model"\n', "model.path: expected a Hugging Face model"),
         ("[grpo\n", "not valid TOML"),
     ],

@@ -31,6 +31,7 @@ guilds = 4
 artifacts = 8
 train_questions = 16
 eval_questions = 4
+sft_questions = 16
 [model]
 hidden = 32
 layers = 1

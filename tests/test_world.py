@@ -3,7 +3,9 @@ server, the converter and the reward server that will train on it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,14 @@ from deepdive.command import write_world
 from deepdive.convert import convert
 from deepdive.protocol import find_tool_calls
 from deepdive.rollout import observation_text
-from deepdive.world import WorldSizes, describe, generate_questions, generate_world
+from deepdive.world import (
+    WorldSizes,
+    corpus,
+    demonstration_world_seeds,
+    describe,
+    generate_questions,
+    generate_world,
+)
 from services.metrics import ServiceMetrics
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.models import EvaluationRequest
@@ -29,7 +38,13 @@ from services.tool_server.tools import ToolExecutor
 from tests.conftest import serve_in_thread
 
 SMALL = WorldSizes(
-    people=24, cities=8, guilds=6, artifacts=16, train_questions=60, eval_questions=20
+    people=24,
+    cities=8,
+    guilds=6,
+    artifacts=16,
+    train_questions=60,
+    eval_questions=20,
+    sft_questions=40,
 )
 
 
@@ -49,6 +64,7 @@ def test_the_same_seed_gives_the_same_world(world_dir: Path, tmp_path: Path) -> 
     write_world(tmp_path / "other", seed=8, sizes=SMALL)
     for name in (
         "corpus.jsonl",
+        "qa_sft.jsonl",
         "qa_train.jsonl",
         "qa_eval.jsonl",
         "demonstrations.jsonl",
@@ -62,11 +78,16 @@ def test_the_same_seed_gives_the_same_world(world_dir: Path, tmp_path: Path) -> 
 
 def test_questions_are_answered_by_walking_the_graph(world_dir: Path) -> None:
     world = generate_world(7, SMALL)
-    train, held_out = rows(world_dir / "qa_train.jsonl"), rows(world_dir / "qa_eval.jsonl")
-    assert (len(train), len(held_out)) == (60, 20)
-    assert not {q["question"] for q in train} & {q["question"] for q in held_out}
-    assert {q["hops"] for q in train + held_out} == {1, 2, 3}
-    for question in train + held_out:
+    sft, train = rows(world_dir / "qa_sft.jsonl"), rows(world_dir / "qa_train.jsonl")
+    held_out = rows(world_dir / "qa_eval.jsonl")
+    assert (len(sft), len(train), len(held_out)) == (40, 60, 20)
+    # three disjoint sets, as DeepDive's qa_sft / qa_rl: GRPO never samples a question the
+    # warm start demonstrated, and neither sees a held-out one
+    texts = [{q["question"] for q in split} for split in (sft, train, held_out)]
+    assert sum(map(len, texts)) == len(set.union(*texts)) == 120
+    assert len({q["id"] for q in sft + train + held_out}) == 120
+    assert {q["hops"] for q in sft + train + held_out} == {1, 2, 3}
+    for question in sft + train + held_out:
         path = question["path"]
         assert len(path) - 1 <= question["hops"] <= len(path)
         assert (
@@ -101,7 +122,7 @@ def test_the_corpus_loads_and_the_questions_convert(world_dir: Path, tmp_path: P
 async def test_every_demonstration_earns_the_strict_reward(world_dir: Path) -> None:
     evaluator = Evaluator(RuleJudge(), deadline_s=5)
     demonstrations = rows(world_dir / "demonstrations.jsonl")
-    assert len(demonstrations) == 60
+    assert [d["id"] for d in demonstrations] == [q["id"] for q in rows(world_dir / "qa_sft.jsonl")]
     for demo in demonstrations:
         question = demo["messages"][1]["content"]
         request = EvaluationRequest(demo["response"], (demo["answer"],), question)
@@ -112,7 +133,7 @@ async def test_every_demonstration_earns_the_strict_reward(world_dir: Path) -> N
 def test_demonstrations_read_every_fact_and_open_no_page_they_do_not_need(
     world_dir: Path,
 ) -> None:
-    questions = {row["id"]: row for row in rows(world_dir / "qa_train.jsonl")}
+    questions = {row["id"]: row for row in rows(world_dir / "qa_sft.jsonl")}
     for demo in rows(world_dir / "demonstrations.jsonl"):
         question = questions[demo["id"]]
         observations = [s["text"] for s in demo["segments"] if s["role"] == "observation"]
@@ -146,6 +167,26 @@ def test_demonstration_observations_are_what_the_tool_server_answers(
                 assert observation_text(reply.json()["observation"]) == observation["text"]
 
 
+def test_demonstrations_can_come_from_other_worlds_only(world_dir: Path, tmp_path: Path) -> None:
+    """world.sft_worlds: the warm start then never reads a page of the world it is evaluated on,
+    so an answer it gets right there was read, not remembered."""
+    write_world(tmp_path, seed=7, sizes=dataclasses.replace(SMALL, sft_worlds=3, sft_questions=20))
+    seeds = demonstration_world_seeds(7, 3)
+    assert 7 not in seeds and len(set(seeds)) == 3
+    sft, demos = rows(tmp_path / "qa_sft.jsonl"), rows(tmp_path / "demonstrations.jsonl")
+    assert len(sft) == 20 and [d["id"] for d in demos] == [q["id"] for q in sft]
+    assert {q["id"].split("-")[0] for q in sft} == {f"w{seed}" for seed in seeds}
+    urls = {seed: {d["url"] for d in corpus(generate_world(seed, SMALL))} for seed in seeds}
+    for demo in demos:
+        shown = set(re.findall(r"https://\S+", demo["response"]))
+        seed = int(demo["id"].split("-")[0][1:])
+        assert shown and shown <= urls[seed], demo["id"]  # only its own world's pages
+        assert demo["answer"] in demo["segments"][-2]["text"]  # read off the last page
+    # the RL and held-out questions are this world's, the same wherever the demonstrations are
+    for name in ("corpus.jsonl", "qa_train.jsonl", "qa_eval.jsonl"):
+        assert rows(tmp_path / name) == rows(world_dir / name), name
+
+
 def test_the_command(tmp_path: Path) -> None:
     out = tmp_path / "w"
     ok = subprocess.run(
@@ -158,6 +199,8 @@ def test_the_command(tmp_path: Path) -> None:
             str(out),
             "--seed",
             "1",
+            "--sft",
+            "7",
             "--train",
             "10",
             "--eval",
@@ -171,7 +214,8 @@ def test_the_command(tmp_path: Path) -> None:
     )
     assert ok.returncode == 0, ok.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert (manifest["train"], manifest["eval"], manifest["hops"]) == (10, 5, {"1": 15})
+    counts = [manifest[k] for k in ("sft", "demonstrations", "train", "eval", "hops")]
+    assert counts == [7, 7, 10, 5, {"1": 22}]
     bad = subprocess.run(
         [sys.executable, "-m", "slurm.cli", "world", "--out", str(out), "--people", "0"],
         capture_output=True,

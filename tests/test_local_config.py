@@ -105,3 +105,19 @@ def test_overrides_from_the_command_line(tmp_path: Path) -> None:
         load_local_config(path, ["grpo"])
     with pytest.raises(ConfigError, match="unknown key 'stepz'"):
         load_local_config(None, ["grpo.stepz=1"])
+
+
+def test_a_world_too_small_for_the_warm_start_is_an_error_before_training(tmp_path: Path) -> None:
+    """The held-out and RL questions take the whole question space of this world: no question
+    is left to demonstrate, which would otherwise be a warm start of zero steps."""
+    from deepdive.local_run import RunPaths, prepare_data
+
+    sizes = "people = 6\ncities = 3\nguilds = 2\nartifacts = 4\nmax_hops = 1\n"
+    text = f"[world]\n{sizes}eval_questions = 10\ntrain_questions = 1000\n"
+    config = load_local_config(write(tmp_path, text))
+    with pytest.raises(ConfigError, match="this world has no demonstration for the warm start"):
+        prepare_data(config, RunPaths(tmp_path / "run"))
+    # without a warm start the same world runs: the RL and held-out questions are there
+    no_warm_start = load_local_config(write(tmp_path, text + "[warm_start]\nepochs = 0\n"))
+    manifest = prepare_data(no_warm_start, RunPaths(tmp_path / "run"))
+    assert manifest["demonstrations"] == 0 and manifest["train"] and manifest["eval"] == 10

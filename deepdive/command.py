@@ -233,8 +233,10 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
         for k, other_seed in enumerate(seeds):
             share = sizes.sft_questions // len(seeds) + (k < sizes.sft_questions % len(seeds))
             other = generate_world(other_seed, sizes)
+            # `taken` across worlds too: no demonstrated question reads like an RL or
+            # held-out one (descriptions are attributes, which worlds can share)
             questions = generate_questions(
-                other, share, other_seed * 1_000 + 3, set(), sizes.max_hops
+                other, share, other_seed * 1_000 + 3, taken, sizes.max_hops
             )
             sft += questions
             demonstrations += demonstrate(other, corpus(other), questions)

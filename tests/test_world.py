@@ -182,9 +182,37 @@ def test_demonstrations_can_come_from_other_worlds_only(world_dir: Path, tmp_pat
         seed = int(demo["id"].split("-")[0][1:])
         assert shown and shown <= urls[seed], demo["id"]  # only its own world's pages
         assert demo["answer"] in demo["segments"][-2]["text"]  # read off the last page
+    asked = {
+        q["question"] for q in rows(tmp_path / "qa_train.jsonl") + rows(tmp_path / "qa_eval.jsonl")
+    }
+    assert not asked & {q["question"] for q in sft}  # no demonstrated question reads like them
     # the RL and held-out questions are this world's, the same wherever the demonstrations are
     for name in ("corpus.jsonl", "qa_train.jsonl", "qa_eval.jsonl"):
         assert rows(tmp_path / name) == rows(world_dir / name), name
+
+
+def test_no_demonstrated_question_from_another_world_reads_like_an_asked_one(
+    tmp_path: Path,
+) -> None:
+    """Descriptions are attributes, which worlds share: across 20 worlds this small a few of
+    this world's question texts come up again, and must not be demonstrated with another
+    answer."""
+    tiny = WorldSizes(
+        people=6,
+        cities=3,
+        guilds=2,
+        artifacts=4,
+        train_questions=1000,  # every question this world can ask
+        eval_questions=8,
+        max_hops=1,
+        sft_questions=400,
+        sft_worlds=20,
+    )
+    write_world(tmp_path, seed=2, sizes=tiny)
+    asked = rows(tmp_path / "qa_train.jsonl") + rows(tmp_path / "qa_eval.jsonl")
+    demonstrated = rows(tmp_path / "qa_sft.jsonl")
+    assert demonstrated and asked
+    assert not {q["question"] for q in asked} & {q["question"] for q in demonstrated}
 
 
 def test_the_command(tmp_path: Path) -> None:

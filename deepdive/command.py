@@ -227,24 +227,21 @@ def write_world(out: Path, seed: int, sizes: WorldSizes) -> dict[str, object]:
     train = generate_questions(
         world, sizes.train_questions, seed * 1_000 + 1, taken, sizes.max_hops
     )
-    if sizes.sft_worlds:
-        sft, demonstrations = [], []
-        seeds = demonstration_world_seeds(seed, sizes.sft_worlds)
-        for k, other_seed in enumerate(seeds):
-            share = sizes.sft_questions // len(seeds) + (k < sizes.sft_questions % len(seeds))
-            other = generate_world(other_seed, sizes)
-            # `taken` across worlds too: no demonstrated question reads like an RL or
-            # held-out one (descriptions are attributes, which worlds can share)
-            questions = generate_questions(
-                other, share, other_seed * 1_000 + 3, taken, sizes.max_hops
-            )
-            sft += questions
-            demonstrations += demonstrate(other, corpus(other), questions)
-    else:
-        sft = generate_questions(
-            world, sizes.sft_questions, seed * 1_000 + 3, taken, sizes.max_hops
+    # the demonstrated questions come from this world, or from sft_worlds others; `taken`
+    # spans them all: no demonstrated question reads like an RL or held-out one (descriptions
+    # are attributes, which worlds can share)
+    sources = demonstration_world_seeds(seed, sizes.sft_worlds) or [seed]
+    sft: list[Question] = []
+    demonstrations: list[dict[str, object]] = []
+    for k, source_seed in enumerate(sources):
+        source = world if source_seed == seed else generate_world(source_seed, sizes)
+        share = sizes.sft_questions // len(sources) + (k < sizes.sft_questions % len(sources))
+        questions = generate_questions(
+            source, share, source_seed * 1_000 + 3, taken, sizes.max_hops
         )
-        demonstrations = demonstrate(world, documents, sft)
+        sft += questions
+        pages = documents if source is world else corpus(source)
+        demonstrations += demonstrate(source, pages, questions)
     hops = Counter(question.hops for question in [*sft, *train, *held_out])
     manifest: dict[str, object] = {
         "seed": seed,

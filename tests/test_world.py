@@ -182,10 +182,6 @@ def test_demonstrations_can_come_from_other_worlds_only(world_dir: Path, tmp_pat
         seed = int(demo["id"].split("-")[0][1:])
         assert shown and shown <= urls[seed], demo["id"]  # only its own world's pages
         assert demo["answer"] in demo["segments"][-2]["text"]  # read off the last page
-    asked = {
-        q["question"] for q in rows(tmp_path / "qa_train.jsonl") + rows(tmp_path / "qa_eval.jsonl")
-    }
-    assert not asked & {q["question"] for q in sft}  # no demonstrated question reads like them
     # the RL and held-out questions are this world's, the same wherever the demonstrations are
     for name in ("corpus.jsonl", "qa_train.jsonl", "qa_eval.jsonl"):
         assert rows(tmp_path / name) == rows(world_dir / name), name

@@ -203,6 +203,8 @@ def demonstrate(
     world: World, documents: list[dict[str, str]], questions: list[Question]
 ) -> list[dict[str, object]]:
     """A demonstration row per question that search can walk (the others are skipped)."""
+    if not questions:
+        return []
     index = CorpusIndex.open([Document(**d) for d in documents], None, show_progress=False)
     demonstrator = Demonstrator(world, index)
     rows = []

@@ -174,15 +174,24 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class EvalSection:
     """Held-out reward before and after GRPO: every eval question (or the first `questions`),
-    `samples` rollouts each, greedy unless temperature > 0."""
+    `samples` rollouts each, greedy unless temperature > 0. `unseen_questions` > 0 also asks
+    that many questions of a world the policy never saw, on its own tool server: a policy that
+    reads the pages scores there too, one that recalls this world's facts scores nothing."""
 
     questions: int = 0  # 0 = all
     temperature: float = 0.0
     samples: int = 1  # per question (with temperature > 0, the mean of several is steadier)
     before: bool = True
+    unseen_questions: int = 0  # 0 = off
 
     def __post_init__(self) -> None:
         _require(self.questions >= 0, "eval.questions", ">= 0", self.questions)
+        _require(
+            self.unseen_questions >= 0,
+            "eval.unseen_questions",
+            "0 (off) or more",
+            self.unseen_questions,
+        )
         _require(self.samples >= 1, "eval.samples", "at least 1", self.samples)
         _require(self.temperature >= 0, "eval.temperature", ">= 0", self.temperature)
 

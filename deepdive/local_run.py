@@ -52,6 +52,7 @@ from deepdive.warm_start import (
     tokenizer_texts,
     warm_start,
 )
+from deepdive.world import WorldSizes, unseen_world_seed
 from services.exceptions import ConfigError
 from services.process import ServiceProcess
 from services.serve import bind, start_server_thread
@@ -68,6 +69,10 @@ class RunPaths:
     @property
     def world(self) -> Path:
         return self.root / "world"
+
+    @property
+    def unseen_world(self) -> Path:
+        return self.root / "unseen_world"
 
     @property
     def data(self) -> Path:
@@ -122,13 +127,37 @@ def prepare_data(config: LocalRunConfig, paths: RunPaths) -> dict[str, Any]:
                 f"this world has no {what}: a bigger world (world.people, world.artifacts, "
                 "...) or a larger world.max_hops makes room for more"
             )
+    system_prompt = SYSTEM_PROMPTS[config.rollout.system_prompt]
     for split in ("train", "eval"):
         convert(
             paths.world / f"qa_{split}.jsonl",
             paths.data / f"{split}.jsonl",
             source="world",
             strict=True,
-            system_prompt=SYSTEM_PROMPTS[config.rollout.system_prompt],
+            system_prompt=system_prompt,
+        )
+    if config.eval.unseen_questions:
+        sizes = {item.name: getattr(world, item.name) for item in dataclasses.fields(WorldSizes)}
+        unseen = WorldSizes(
+            **{
+                **sizes,
+                "sft_questions": 0,
+                "train_questions": 0,
+                "eval_questions": config.eval.unseen_questions,
+                "sft_worlds": 0,
+            }
+        )
+        if not write_world(paths.unseen_world, unseen_world_seed(world.seed), unseen)["eval"]:
+            raise ConfigError(
+                "the unseen world has no question for eval.unseen_questions: a bigger world "
+                "(world.people, world.artifacts, ...) makes room for some"
+            )
+        convert(
+            paths.unseen_world / "qa_eval.jsonl",
+            paths.data / "unseen.jsonl",
+            source="world",
+            strict=True,
+            system_prompt=system_prompt,
         )
     return manifest
 
@@ -164,6 +193,22 @@ def build_policy(config: LocalRunConfig, paths: RunPaths) -> tuple[Any, Any]:
         shutil.rmtree(paths.base_model, ignore_errors=True)
         partial.rename(paths.base_model)
     return load_model(paths.base_model)
+
+
+def tool_server(world: Path, log: Path) -> ServiceProcess:
+    """The tool server over one world's pages (offline search and reader)."""
+    command = ["tools", "--search", "offline", "--reader", "offline", "--no-index-cache"]
+    command += ["--corpus", str(world / "corpus.jsonl"), "--log-level", "WARNING"]
+    return ServiceProcess("tool", command, log)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Questions to score before and after GRPO, and the services that answer them (`args`)."""
+
+    name: str  # "held-out": this world's qa_eval; "unseen": another world's
+    args: Namespace
+    rows: list[dict[str, Any]]
 
 
 @contextmanager
@@ -289,25 +334,11 @@ class LocalRun:
         eval_rows = read_prompt_rows(paths.data / "eval.jsonl")
         if config.eval.questions:
             eval_rows = eval_rows[: config.eval.questions]
+        unseen_rows = (
+            read_prompt_rows(paths.data / "unseen.jsonl") if config.eval.unseen_questions else []
+        )
         with ExitStack() as stack:
-            tools = stack.enter_context(
-                ServiceProcess(
-                    "tool",
-                    [
-                        "tools",
-                        "--search",
-                        "offline",
-                        "--reader",
-                        "offline",
-                        "--no-index-cache",
-                        "--corpus",
-                        str(paths.world / "corpus.jsonl"),
-                        "--log-level",
-                        "WARNING",
-                    ],
-                    paths.logs / "tool_server.log",
-                )
-            )
+            tools = stack.enter_context(tool_server(paths.world, paths.logs / "tool_server.log"))
             reward = stack.enter_context(
                 ServiceProcess(
                     "reward",
@@ -328,7 +359,17 @@ class LocalRun:
                 deepdive_on_malformed=config.rollout.on_malformed,
                 rollout_max_context_len=config.rollout.max_context_tokens,
             )
-            summary = self._train(model, tokenizer, engine, args, train_rows, eval_rows, resumed)
+            evaluations = [Evaluation("held-out", args, eval_rows)]
+            if unseen_rows:
+                unseen_tools = stack.enter_context(
+                    tool_server(paths.unseen_world, paths.logs / "unseen_tool_server.log")
+                )
+                self.say(f"unseen world: {len(unseen_rows)} questions, tools {unseen_tools.url}")
+                unseen_args = Namespace(
+                    **{**vars(args), "deepdive_tool_server_url": unseen_tools.url}
+                )
+                evaluations.append(Evaluation("unseen", unseen_args, unseen_rows))
+            summary = self._train(model, tokenizer, engine, train_rows, evaluations, resumed)
         summary["world"] = manifest
         summary["wall_s"] = round(time.monotonic() - started, 1)
         summary["paths"] = {
@@ -363,42 +404,53 @@ class LocalRun:
             "top_p": self.config.rollout.top_p,
         }
 
-    async def _evaluate(self, args: Namespace, rows: list[dict[str, Any]], name: str) -> float:
+    def _evaluate(self, evaluations: list[Evaluation], when: str) -> dict[str, float]:
+        """The mean reward of each evaluation's questions x eval.samples."""
         temperature = self.config.eval.temperature
-        samples = await rollout_batch(
-            args,
-            rows,
-            self.config.eval.samples,
-            self._sampling(temperature),
-            f"{self.config.run.seed}:eval",
-        )
-        value = sum(float(s.reward) for s in samples) / max(1, len(samples))
-        self.say(
-            f"held-out reward {name}: {value:.3f} ({len(rows)} questions x "
-            f"{self.config.eval.samples}, temperature {temperature})"
-        )
-        return value
+        values = {}
+        for evaluation in evaluations:
+            seed = f"{self.config.run.seed}:eval"
+            if evaluation.name != "held-out":
+                seed += f":{evaluation.name}"
+            samples = asyncio.run(
+                rollout_batch(
+                    evaluation.args,
+                    evaluation.rows,
+                    self.config.eval.samples,
+                    self._sampling(temperature),
+                    seed,
+                )
+            )
+            value = sum(float(s.reward) for s in samples) / max(1, len(samples))
+            values[evaluation.name] = value
+            self.say(
+                f"{evaluation.name} reward {when}: {value:.3f} ({len(evaluation.rows)} questions "
+                f"x {self.config.eval.samples}, temperature {temperature})"
+            )
+        return values
 
     def _train(
         self,
         model: Any,
         tokenizer: Any,
         engine: Any,
-        args: Namespace,
         train_rows: list[dict[str, Any]],
-        eval_rows: list[dict[str, Any]],
+        evaluations: list[Evaluation],
         resumed: tuple[int, dict[str, Any]] | None,
     ) -> dict[str, Any]:
+        """Warm start (or resume), GRPO steps, and the evaluations before and after.
+        The first evaluation is this world's held-out questions, on the services GRPO uses."""
         config, paths = self.config, self.paths
         grpo = config.grpo
+        args = evaluations[0].args
         sampler = PromptSampler(len(train_rows), config.run.seed)
         summary: dict[str, Any] = {}
         if resumed is None:
             summary["warm_start"] = self._warm_start(model, tokenizer)
             engine.load_state_dict(model.state_dict())
-            before = None
+            before: dict[str, float] = {}
             if config.eval.before:
-                before = asyncio.run(self._evaluate(args, eval_rows, "after the warm start"))
+                before = self._evaluate(evaluations, "after the warm start")
             start_step = 0
         settings = OptimizerSettings(
             grpo.lr, grpo.weight_decay, grpo.max_grad_norm, grpo.micro_batch
@@ -412,7 +464,14 @@ class LocalRun:
             trainer.load_state_dict(state["trainer"])
             sampler.restore(state["sampler"])
             restore_rng(state["rng"])
-            before = state["eval_before"]
+            before = {
+                name: value
+                for name, value in (
+                    ("held-out", state["eval_before"]),
+                    ("unseen", state.get("unseen_before")),
+                )
+                if value is not None
+            }
             summary["warm_start"] = state.get("warm_start")
             engine.load_state_dict(model.state_dict())
             self.say(f"resumed from {paths.checkpoints} at step {start_step}")
@@ -435,21 +494,25 @@ class LocalRun:
                     )
                 if step % config.checkpoint.every == 0 or step == grpo.steps:
                     self._save(step, trainer, sampler, before, summary.get("warm_start"))
-        after = asyncio.run(self._evaluate(args, eval_rows, "after GRPO"))
+        after = self._evaluate(evaluations, "after GRPO")
         rows = log.rows()
         log.close()
         model.save_pretrained(paths.final_model)
         tokenizer.save_pretrained(paths.final_model)
         if rows:
-            plot_rewards(rows, paths.plot, {"after warm start": before, "after GRPO": after})
+            lines: dict[str, float | None] = {}
+            for name in after:
+                lines[f"{name} after warm start"] = before.get(name)
+                lines[f"{name} after GRPO"] = after[name]
+            plot_rewards(rows, paths.plot, lines)
         steps_done = grpo.steps - start_step
         grpo_s = sum(totals.values())
         summary.update(
             {
-                "eval_reward_before": before,
-                "eval_reward_after": after,
-                "eval_questions": len(eval_rows),
-                "eval_episodes": len(eval_rows) * self.config.eval.samples,
+                "eval_reward_before": before.get("held-out"),
+                "eval_reward_after": after["held-out"],
+                "eval_questions": len(evaluations[0].rows),
+                "eval_episodes": len(evaluations[0].rows) * self.config.eval.samples,
                 "grpo_steps": grpo.steps,
                 "grpo_steps_this_session": steps_done,
                 "steps_per_minute": round(60 * steps_done / grpo_s, 2) if grpo_s else None,
@@ -460,6 +523,14 @@ class LocalRun:
                 ),
             }
         )
+        if "unseen" in after:
+            summary.update(
+                {
+                    "unseen_reward_before": before.get("unseen"),
+                    "unseen_reward_after": after["unseen"],
+                    "unseen_questions": len(evaluations[1].rows),
+                }
+            )
         return summary
 
     def _warm_start(self, model: Any, tokenizer: Any) -> dict[str, Any]:
@@ -559,14 +630,15 @@ class LocalRun:
         step: int,
         trainer: PolicyTrainer,
         sampler: PromptSampler,
-        eval_before: float | None,
+        eval_before: dict[str, float],
         warm_start_summary: dict[str, Any] | None,
     ) -> None:
         state = {
             "trainer": trainer.state_dict(),
             "sampler": sampler.state(),
             "rng": rng_state(),
-            "eval_before": eval_before,
+            "eval_before": eval_before.get("held-out"),
+            "unseen_before": eval_before.get("unseen"),
             "warm_start": warm_start_summary,
             "config": self.config_dict,
         }
@@ -589,6 +661,13 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         ),
         ("held-out reward after warm start", number(summary.get("eval_reward_before"))),
         ("held-out reward after GRPO", number(summary.get("eval_reward_after"))),
+    ]
+    if "unseen_reward_after" in summary:
+        rows += [
+            ("unseen-world reward after warm start", number(summary.get("unseen_reward_before"))),
+            ("unseen-world reward after GRPO", number(summary.get("unseen_reward_after"))),
+        ]
+    rows += [
         ("training reward, first step", number(summary.get("train_reward_first"))),
         ("training reward, last 5 steps", number(summary.get("train_reward_last5"))),
         ("GRPO steps per minute", number(summary.get("steps_per_minute"))),

@@ -69,7 +69,8 @@ def _complete(line: bytes) -> bool:
 def plot_rewards(
     rows: list[dict[str, Any]], path: Path, evaluations: dict[str, float | None]
 ) -> Path:
-    """Training reward per step (and its running mean), with held-out rewards as lines."""
+    """Training reward per step (and its running mean), with the evaluations as lines
+    (`evaluations`: label -> reward, in before/after pairs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,11 +86,11 @@ def plot_rewards(
     figure, axes = pyplot.subplots(figsize=(7, 4), dpi=100)
     axes.plot(steps, rewards, "o", alpha=0.35, label="training reward (step mean)")
     axes.plot(steps, running, "-", label=f"running mean ({window} steps)")
-    for (name, value), style in zip(evaluations.items(), ("--", ":"), strict=False):
+    # before / after pairs: dashed then dotted, a colour per question set
+    for index, (name, value) in enumerate(evaluations.items()):
         if value is not None:
-            axes.axhline(
-                value, linestyle=style, color="grey", label=f"held-out {name}: {value:.3f}"
-            )
+            style, colour = ("--", ":")[index % 2], ("grey", "tab:red")[index // 2 % 2]
+            axes.axhline(value, linestyle=style, color=colour, label=f"{name}: {value:.3f}")
     axes.set_xlabel("GRPO step")
     axes.set_ylabel("reward")
     axes.set_ylim(-0.02, 1.02)

@@ -124,6 +124,12 @@ def demonstration_world_seeds(seed: int, count: int) -> list[int]:
     return [seed * 1_000 + 100 + k for k in range(count)]
 
 
+def unseen_world_seed(seed: int) -> int:
+    """The seed of the world a run evaluates on besides its own (`[eval] unseen_questions`):
+    never `seed`, nor one of its demonstration worlds."""
+    return seed * 1_000 + 99
+
+
 def generate_world(seed: int, sizes: WorldSizes = WorldSizes()) -> World:
     rng = random.Random(seed)
     taken: set[str] = set()

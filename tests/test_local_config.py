@@ -55,6 +55,7 @@ def test_values_are_read_and_ints_count_as_floats(tmp_path: Path) -> None:
         ("[grpo]\nupdates_per_step = 3\n", "grpo.updates_per_step: expected a divisor of"),
         ("[world]\nsft_worlds = -1\n", "world.sft_worlds: expected 0 (this world) or more"),
         ("[world]\nsft_questions = 0\n", "world.sft_questions: expected at least 1"),
+        ("[eval]\nunseen_questions = -2\n", "eval.unseen_questions: expected 0 (off) or more"),
         ('[model]\npath = "/nonexistent/model"\n', "model.path: expected a Hugging Face model"),
         ("[grpo\n", "not valid TOML"),
     ],

@@ -55,6 +55,7 @@ kl_coef = 0.05
 every = 2
 [eval]
 questions = 2
+unseen_questions = 2
 """
 TIMINGS = {"rollout_s", "update_s", "sync_s"}
 
@@ -88,9 +89,15 @@ def weights(folder: Path) -> dict[str, Any]:
     return load_file(str(folder / "model.safetensors"))
 
 
+def titles(world: Path) -> set[str]:
+    return {
+        orjson.loads(line)["title"] for line in (world / "corpus.jsonl").read_bytes().splitlines()
+    }
+
+
 def service_urls(out: Path) -> list[str]:
     urls = []
-    for name in ("tool_server.log", "reward_server.log"):
+    for name in ("tool_server.log", "unseen_tool_server.log", "reward_server.log"):
         for line in (out / "logs" / name).read_text().splitlines():
             if "listening on " in line:
                 urls.append(line.split("listening on ")[1].split()[0])
@@ -110,6 +117,12 @@ def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None
     assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "held-out reward after GRPO" in stdout  # the closing table, on standard output
     assert sorted(rows(out)) == [1, 2, 3, 4]
+    # the unseen world: its own pages, none of this world's, scored before and after GRPO
+    assert summary["unseen_questions"] == 2
+    for key in ("unseen_reward_before", "unseen_reward_after"):
+        assert 0.0 <= summary[key] <= 1.0
+    assert not titles(out / "world") & titles(out / "unseen_world")
+    assert "unseen reward after GRPO" in stderr
     assert list((out / "logs" / "tensorboard").glob("events.out.tfevents.*"))
 
     config = write_config(tmp_path, "killed")
@@ -135,6 +148,11 @@ def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None
     assert resumed.returncode == 0, stderr
     assert "resumed from" in stderr and "at step 2" in stderr
     assert rows(killed_out) == rows(out)  # steps 3 and 4 redone exactly, 1 and 2 kept once
+    resumed_summary = orjson.loads((killed_out / "summary.json").read_bytes())
+    for key in ("eval_reward_before", "unseen_reward_before", "unseen_reward_after"):
+        assert resumed_summary[key] == summary[key], (
+            key
+        )  # the before values came from the checkpoint
     expected, actual = weights(out / "final_model"), weights(killed_out / "final_model")
     assert expected.keys() == actual.keys()
     for name in expected:

@@ -211,7 +211,7 @@ def demonstrate(
     for question in questions:
         segments = demonstrator.demonstrate(question)
         if segments is not None:
-            rows.append(demonstration_row(question, segments))
+            rows.append(demonstration_row(question, segments, demonstrator.names_in(segments)))
     return rows
 
 

@@ -12,12 +12,13 @@ will see.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from deepdive.protocol import FINISH, SYSTEM_PROMPT, format_tool_call
 from deepdive.rollout import observation_text
-from deepdive.world import Question, World, describe
+from deepdive.world import Question, World, describe, name_words
 from services.tool_server.corpus import CorpusIndex, Document
 from services.tool_server.formatting import format_page, format_results, split_pages
 from services.tool_server.models import Page, SearchResult
@@ -25,6 +26,7 @@ from services.tool_server.offline import snippet_of
 
 RESULTS_PER_SEARCH = 3
 PAGE_CHARS = 10_000
+_CAPITALISED = re.compile(r"[A-Z][a-z]+")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ class Demonstrator:
     def __init__(self, world: World, index: CorpusIndex) -> None:
         self.world = world
         self.index = index
+        self.words = {word for name in world.entities for word in name_words(name)}
+
+    def names_in(self, segments: list[Segment]) -> list[str]:
+        """The world's name words a trajectory mentions (the warm start can rename them)."""
+        text = "".join(segment.text for segment in segments)
+        return sorted(set(_CAPITALISED.findall(text)) & self.words)
 
     def _search(self, query: str) -> tuple[str, list[Document]]:
         found = self.index.search(query, RESULTS_PER_SEARCH)
@@ -72,7 +80,10 @@ class Demonstrator:
         return segments
 
 
-def demonstration_row(question: Question, segments: list[Segment]) -> dict[str, Any]:
+def demonstration_row(
+    question: Question, segments: list[Segment], names: list[str]
+) -> dict[str, Any]:
+    """`names`: the name words the trajectory mentions, for deepdive.warm_start.renamed."""
     return {
         "id": question.id,
         "messages": [
@@ -82,4 +93,5 @@ def demonstration_row(question: Question, segments: list[Segment]) -> dict[str, 
         "segments": [{"role": s.role, "text": s.text} for s in segments],
         "response": "".join(s.text for s in segments),
         "answer": question.answer,
+        "names": names,
     }

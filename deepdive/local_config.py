@@ -104,13 +104,20 @@ class RolloutSection:
 @dataclass(frozen=True)
 class WarmStartSection:
     """Supervised steps on demonstrations.jsonl: loss on the model's segments, and on the
-    observations weighted by `observation_weight` (see deepdive.warm_start for why)."""
+    observations weighted by `observation_weight`; `rename` of the demonstrations shown with
+    other names; first, `copy_steps` steps of a synthetic copy task (see deepdive.warm_start
+    for why: a policy from random weights memorises facts instead of reading pages)."""
 
     epochs: float = 3.0
     batch_size: int = 8
     lr: float = 3e-3
     warmup_steps: int = 10
     observation_weight: float = 0.0
+    rename: float = 0.0  # the fraction of demonstrations shown with other names
+    copy_steps: int = 0  # 0 = no copy warm-up
+    copy_length: int = 32  # tokens, then the same again
+    copy_batch: int = 32
+    copy_lr: float = 3e-3
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 0, "warm_start.epochs", ">= 0", self.epochs)
@@ -123,6 +130,11 @@ class WarmStartSection:
             "in [0, 1]",
             self.observation_weight,
         )
+        _require(0 <= self.rename <= 1, "warm_start.rename", "in [0, 1]", self.rename)
+        _require(self.copy_steps >= 0, "warm_start.copy_steps", "0 (off) or more", self.copy_steps)
+        _require(self.copy_length >= 2, "warm_start.copy_length", "at least 2", self.copy_length)
+        _require(self.copy_batch >= 1, "warm_start.copy_batch", "at least 1", self.copy_batch)
+        _require(self.copy_lr > 0, "warm_start.copy_lr", "a positive number", self.copy_lr)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ from deepdive.run_log import RunLog, plot_rewards
 from deepdive.sample import status_name
 from deepdive.trainer import Example, OptimizerSettings, PolicyTrainer
 from deepdive.warm_start import (
-    demonstration_example,
+    DemonstrationExamples,
+    copy_warm_up,
     read_demonstrations,
     tokenizer_texts,
     warm_start,
@@ -535,39 +536,59 @@ class LocalRun:
 
     def _warm_start(self, model: Any, tokenizer: Any) -> dict[str, Any]:
         """On the demonstrations of the qa_sft questions, which GRPO never samples."""
-        section = self.config.warm_start
-        system_prompt = SYSTEM_PROMPTS[self.config.rollout.system_prompt]
-        examples = [
-            demonstration_example(row, tokenizer, system_prompt, section.observation_weight)
-            for row in read_demonstrations(self.paths.world / "demonstrations.jsonl")
-        ]
-        trainer = PolicyTrainer(
-            model,
-            tokenizer.pad_token_id,
-            OptimizerSettings(section.lr, 0.0, 1.0, self.config.grpo.micro_batch),
+        section, seed = self.config.warm_start, self.config.run.seed
+        examples = DemonstrationExamples(
+            read_demonstrations(self.paths.world / "demonstrations.jsonl"),
+            tokenizer,
+            SYSTEM_PROMPTS[self.config.rollout.system_prompt],
+            section.observation_weight,
+            section.rename,
+            seed,
         )
+
+        def new_trainer(lr: float) -> PolicyTrainer:
+            settings = OptimizerSettings(lr, 0.0, 1.0, self.config.grpo.micro_batch)
+            return PolicyTrainer(model, tokenizer.pad_token_id, settings)
+
         started = time.monotonic()
+        copy_history: list[dict[str, float]] = []
         with self._progress() as progress:
-            task = progress.add_task("warm start", total=None, info="")
+            task = progress.add_task("copy warm-up", total=None, info="")
 
             def on_step(step: int, total: int, metrics: dict[str, float]) -> None:
                 progress.update(
                     task, completed=step, total=total, info=f"loss {metrics['loss']:.3f}"
                 )
                 if not self.console.is_terminal and (step % 10 == 0 or step == total):
-                    self.say(f"warm start {step}/{total}: loss {metrics['loss']:.3f}")
+                    name = progress.tasks[task].description
+                    self.say(f"{name} {step}/{total}: loss {metrics['loss']:.3f}")
 
+            if section.copy_steps:
+                special = set(tokenizer.all_special_ids)
+                copy_history = copy_warm_up(
+                    new_trainer(section.copy_lr),
+                    [i for i in range(len(tokenizer)) if i not in special],
+                    section.copy_steps,
+                    section.copy_length,
+                    section.copy_batch,
+                    section.copy_lr,
+                    seed,
+                    on_step,
+                )
+            progress.update(task, description="warm start", completed=0, total=None)
             history = warm_start(
-                trainer,
+                new_trainer(section.lr),
                 examples,
                 section.epochs,
                 section.batch_size,
                 section.lr,
                 section.warmup_steps,
-                self.config.run.seed,
+                seed,
                 on_step,
             )
         return {
+            "copy_steps": len(copy_history),
+            "copy_final_loss": copy_history[-1]["loss"] if copy_history else None,
             "demonstrations": len(examples),
             "steps": len(history),
             "final_loss": history[-1]["loss"] if history else None,

@@ -119,6 +119,13 @@ def _surname(name: str) -> str:
     return name.split()[-1]
 
 
+def name_words(name: str) -> list[str]:
+    """The generated words of an entity's name: "Fevrork Guild" -> ["Fevrork"], "Mareth atlas"
+    -> ["Mareth"]. Generated words are capitalised and have two syllables, so no word of the
+    page templates ("The", "Its", "Guild") is one."""
+    return [word for word in name.split() if word != "Guild" and word[:1].isupper()]
+
+
 def demonstration_world_seeds(seed: int, count: int) -> list[int]:
     """The seeds of the worlds a world's demonstrations come from: never `seed` itself."""
     return [seed * 1_000 + 100 + k for k in range(count)]

@@ -25,6 +25,7 @@ from deepdive.world import (
     describe,
     generate_questions,
     generate_world,
+    name_words,
 )
 from services.metrics import ServiceMetrics
 from services.reward_server.evaluator import Evaluator
@@ -257,3 +258,16 @@ def test_a_small_world_fills_the_held_out_split_first() -> None:
     assert len(held_out) == 10 and 0 < len(train) < 1000  # the space ran out on train's side
     assert {q.hops for q in held_out + train} == {1}
     assert not {q.question for q in held_out} & {q.question for q in train}
+
+
+def test_demonstrations_list_the_names_they_mention(world_dir: Path) -> None:
+    """`names` is what the warm start renames: every name word in the text, nothing else."""
+    world = generate_world(7, SMALL)
+    words = {word for name in world.entities for word in name_words(name)}
+    questions = {row["id"]: row for row in rows(world_dir / "qa_sft.jsonl")}
+    for demo in rows(world_dir / "demonstrations.jsonl"):
+        text = demo["response"]
+        mentioned = {w for w in words if re.search(rf"(?<![A-Za-z]){w}(?![A-Za-z])", text)}
+        assert demo["names"] == sorted(mentioned), demo["id"]
+        answer = questions[demo["id"]]["answer"]
+        assert set(name_words(answer)) <= set(demo["names"])  # a year has no name words

@@ -2,7 +2,10 @@
 own text, and a tiny Qwen2-architecture causal LM initialised from a config.
 
 The tool-call and chat markers are single special tokens, so the stop at `</tool_call>` is one
-token and the model never has to spell the syntax out of byte pieces.
+token and the model never has to spell the syntax out of byte pieces. Neither a capitalised
+word nor a number takes the space before it (GPT-2's split makes " Hukra" and "Hukra" different
+tokens), so a name or a year is the same tokens in a sentence, a URL and a JSON string, and
+copying the answer from the page into the finish call is a token-for-token copy.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ SPECIAL_TOKENS = [
     OBSERVATION_OPEN,
     OBSERVATION_CLOSE,
 ]
+# GPT-2's pre-tokenizer split, except that a capitalised word or a number stands alone (see
+# above: answers are names and years)
+SPLIT_PATTERN = (
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?[a-z]+|[A-Z][a-z]*|\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+)
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -30,11 +38,16 @@ CHAT_TEMPLATE = (
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> Any:
     """A byte-level BPE trained on `texts`, wrapped as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -165,3 +165,20 @@ def test_the_copy_warm_up_teaches_a_fresh_model_to_copy(tokenizer: Any) -> None:
     assert history[-1]["loss"] < 0.2 * history[0]["loss"]
     model.eval()
     assert repeat_accuracy() >= 0.9
+
+
+def test_a_name_is_the_same_tokens_on_the_page_in_the_thought_and_in_the_call(
+    demonstrations: list[dict[str, Any]],
+) -> None:
+    """So reading the answer off the page is a token-for-token copy (deepdive.local_model)."""
+    texts = [row["response"] for row in demonstrations]
+    tokenizer = train_tokenizer(texts * 3, vocab_size=1024)
+    for row in demonstrations:
+        answer_ids = tokenizer.encode(row["answer"], add_special_tokens=False)
+        final = row["segments"][-1]["text"]  # "The answer is X.\n<tool_call>...X...</tool_call>"
+        page = [s["text"] for s in row["segments"] if s["role"] == "observation"][-1]
+        for text in (final, page):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            runs = [ids[i : i + len(answer_ids)] for i in range(len(ids))]
+            assert runs.count(answer_ids) == text.count(row["answer"]), (row["id"], text)
+            assert tokenizer.decode(ids) == text  # byte-level: nothing lost

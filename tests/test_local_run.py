@@ -45,6 +45,10 @@ max_batch = 1
 [warm_start]
 epochs = 0.5
 batch_size = 4
+copy_steps = 3
+copy_length = 8
+copy_batch = 4
+rename = 1.0
 [grpo]
 steps = 4
 prompts_per_step = 2
@@ -117,6 +121,7 @@ def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None
     assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "held-out reward after GRPO" in stdout  # the closing table, on standard output
     assert sorted(rows(out)) == [1, 2, 3, 4]
+    assert summary["warm_start"]["copy_steps"] == 3 and summary["warm_start"]["steps"] == 2
     # the unseen world: its own pages, none of this world's, scored before and after GRPO
     assert summary["unseen_questions"] == 2
     for key in ("unseen_reward_before", "unseen_reward_after"):

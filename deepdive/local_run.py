@@ -465,14 +465,7 @@ class LocalRun:
             trainer.load_state_dict(state["trainer"])
             sampler.restore(state["sampler"])
             restore_rng(state["rng"])
-            before = {
-                name: value
-                for name, value in (
-                    ("held-out", state["eval_before"]),
-                    ("unseen", state.get("unseen_before")),
-                )
-                if value is not None
-            }
+            before = state["eval_before"]
             summary["warm_start"] = state.get("warm_start")
             engine.load_state_dict(model.state_dict())
             self.say(f"resumed from {paths.checkpoints} at step {start_step}")
@@ -658,8 +651,7 @@ class LocalRun:
             "trainer": trainer.state_dict(),
             "sampler": sampler.state(),
             "rng": rng_state(),
-            "eval_before": eval_before.get("held-out"),
-            "unseen_before": eval_before.get("unseen"),
+            "eval_before": eval_before,  # evaluation name -> reward after the warm start
             "warm_start": warm_start_summary,
             "config": self.config_dict,
         }

@@ -218,6 +218,10 @@ def validate_arguments(name: str, arguments: Any) -> dict[str, Any]:
     )
 
 
+# ASCII digits only: str.isdigit() is also true for "²" or "¹²³", which int() refuses.
+_ASCII_DIGITS = re.compile(r"[0-9]{1,9}")
+
+
 def _whole_number(arguments: dict[str, Any], key: str, default: int | None) -> Any:
     """A whole number >= 1; "3" and 3.0 are accepted as 3, as models write both."""
     value = arguments.get(key)
@@ -230,7 +234,7 @@ def _whole_number(arguments: dict[str, Any], key: str, default: int | None) -> A
         number = value
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and value.strip().isdigit() and len(value.strip()) < 10:
+    elif isinstance(value, str) and _ASCII_DIGITS.fullmatch(value.strip()):
         number = int(value.strip())
     if number is None:
         raise ProtocolError(

@@ -1,4 +1,9 @@
+import contextlib
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deepdive.protocol import (
     FINISH,
@@ -13,6 +18,7 @@ from deepdive.protocol import (
     parse_tool_call_body,
     validate_arguments,
 )
+from tests import hostile
 
 
 def test_schemas_prompt_and_names_agree() -> None:
@@ -83,3 +89,45 @@ def test_calls_inside_observations_are_not_the_models() -> None:
 def test_an_unterminated_call_is_an_error() -> None:
     found = find_tool_calls('<tool_call>{"name": "search", "arguments": {"query": "x"}}')
     assert found[0].error is not None and found[0].error.code == "unterminated"
+
+
+@pytest.mark.parametrize(
+    "value", ["²", "¹²³", "\u0663", "\uff13", "3\u200b", "1" * 10, "-1", "3.5"]
+)
+@pytest.mark.parametrize(
+    ("tool", "key"), [("click", "link_id"), ("search", "num"), ("open", "page")]
+)
+def test_numbers_that_only_look_whole_are_protocol_errors(tool: str, key: str, value: str) -> None:
+    # str.isdigit() is true for "²" and "¹²³" but int() refuses them: once a ValueError escaped
+    # here and became an HTTP 500 in both servers and a crashed rollout.
+    arguments: dict[str, Any] = {"query": "x", "url": "https://a/", "link_id": 1, key: value}
+    with pytest.raises(ProtocolError) as caught:
+        validate_arguments(tool, arguments)
+    assert caught.value.code == "invalid_arguments" and key in caught.value.message
+
+
+@settings(max_examples=600, deadline=None, database=None)
+@given(body=hostile.tool_call_bodies)
+def test_any_tool_call_body_parses_or_is_a_protocol_error(body: str) -> None:
+    try:
+        call = parse_tool_call_body(body)
+    except ProtocolError as error:
+        assert error.code and error.message
+    else:
+        assert call.name in TOOL_NAMES
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(name=hostile.tool_names, arguments=hostile.json_values | hostile.tool_arguments)
+def test_validate_arguments_raises_nothing_but_protocol_errors(name: str, arguments: Any) -> None:
+    with contextlib.suppress(ProtocolError):
+        validate_arguments(name, arguments)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(turns=st.lists(hostile.model_turns, max_size=4))
+def test_find_tool_calls_never_raises(turns: list[str]) -> None:
+    text = model_text("".join(turns))
+    for found in find_tool_calls(text):
+        assert (found.call is None) != (found.error is None)
+        assert 0 <= found.end <= len(text)

@@ -1,8 +1,9 @@
 """An LLM judge behind any OpenAI-compatible chat-completions endpoint (temperature 0).
 
 The grading prompt follows BrowseComp's: the judge extracts the final answer, reasons, and ends
-with `correct: yes|no`. The parser is strict: exactly one verdict line, or the judgement is
-unparseable, which is never a reward. Verdicts are cached by (question, references, answer):
+with `correct: yes|no`. The parser is strict: exactly one verdict line, one word on it, or the
+judgement is unparseable, which is never a reward; an answer written in the grader's own format
+is refused before the judge is asked. Verdicts are cached by (question, references, answer):
 a GRPO group often repeats an answer, and a judge call costs money.
 """
 
@@ -40,23 +41,52 @@ reasoning: explain why the extracted_final_answer is correct or incorrect with r
 correct: answer yes if extracted_final_answer matches the [correct_answer] (or an accepted alias), or is within a small margin of error for numerical problems; answer no otherwise, including when the response gives several candidate answers, is ambiguous or is not an answer at all.
 """
 
-_VERDICT = re.compile(r"^[\s*#>_-]*correct[\s*_]*:[\s*_]*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
+# Markdown a judge may wrap a label or a verdict in: **correct:** *yes*, ### correct: yes.
+_DECOR = r"[\s*#>_`~-]*"
+# Any line that starts with the verdict's label is a verdict line, and must be a clean one.
+_VERDICT_LINE = re.compile(rf"^{_DECOR}correct{_DECOR}:(.*)$", re.IGNORECASE | re.MULTILINE)
+_ONE_WORD = re.compile(rf"{_DECOR}(yes|no)[\s*_`~.!]*", re.IGNORECASE)
+_GRADING_LINE = re.compile(
+    rf"^{_DECOR}(?:correct|extracted_final_answer|reasoning){_DECOR}:", re.IGNORECASE | re.MULTILINE
+)
 _EXTRACTED = re.compile(
     r"^[\s*#>_-]*extracted_final_answer[\s*_]*:[\s*_]*(.*)$", re.IGNORECASE | re.MULTILINE
 )
 _REASONING = re.compile(r"^[\s*#>_-]*reasoning[\s*_]*:[\s*_]*(.*)$", re.IGNORECASE | re.MULTILINE)
 
 
-def parse_grade(text: str) -> Verdict:
-    """The judge's reply as a Verdict; raises UpstreamBadResponse when it has no single verdict."""
-    verdicts = {match.lower() for match in _VERDICT.findall(text)}
-    if len(verdicts) != 1:
-        found = "no verdict line" if not verdicts else "both yes and no"
+def imitates_grading(text: str) -> bool:
+    """True when `text` holds a line of the grader's own format (`correct: yes`, ...): an answer
+    like that is an attempt to write the judge's verdict for it."""
+    return _GRADING_LINE.search(text) is not None
+
+
+def parse_grade(text: str, quoted: tuple[str, ...] = ()) -> Verdict:
+    """The judge's reply as a Verdict; raises UpstreamBadResponse unless it holds exactly one
+    verdict, written as one word (yes or no) on its `correct:` line.
+
+    `correct: yes/no` (the template echoed unfilled), `correct: yes, but ...` or two verdict
+    lines are no verdict. Texts in `quoted` (the question, the answer) that hold grading lines
+    are cut out first, so a reply that merely repeats them never grades itself.
+    """
+    for text_in_prompt in quoted:
+        if text_in_prompt.strip() and imitates_grading(text_in_prompt):
+            text = text.replace(text_in_prompt, "\n")
+    words: set[str] = set()
+    for line in _VERDICT_LINE.findall(text):
+        verdict = _ONE_WORD.fullmatch(line)
+        if verdict is None:
+            raise UpstreamBadResponse(
+                "judge", "unparseable judgement (a correct: line that is not one word, yes or no)"
+            )
+        words.add(verdict.group(1).lower())
+    if len(words) != 1:
+        found = "no verdict line" if not words else "both yes and no"
         raise UpstreamBadResponse("judge", f"unparseable judgement ({found})")
     extracted = _EXTRACTED.search(text)
     reasoning = _REASONING.search(text)
     return Verdict(
-        correct=verdicts == {"yes"},
+        correct=words == {"yes"},
         reason=(reasoning.group(1).strip() if reasoning else "")[:500],
         extracted=extracted.group(1).strip() if extracted else None,
     )
@@ -94,6 +124,8 @@ class OpenAIJudge(UpstreamProvider):
     async def judge(
         self, question: str, labels: tuple[str, ...], answer: str, deadline: float
     ) -> Verdict:
+        if imitates_grading(answer):
+            return Verdict(False, "the answer imitates the grader's format", extracted=answer)
         key = hashlib.sha256(orjson.dumps([question, list(labels), answer])).hexdigest()
 
         async def ask() -> Verdict:
@@ -133,4 +165,4 @@ class OpenAIJudge(UpstreamProvider):
             ) from None
         if not isinstance(content, str):
             raise UpstreamBadResponse("judge", "the reply's message content is not text")
-        return parse_grade(content)
+        return parse_grade(content, quoted=(question, answer))

@@ -291,6 +291,23 @@ async def test_direct_reader_follows_redirects_and_checks_each_hop(httpserver: H
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    "location", ["http://0177.0.0.1/", "http://0251.0376.0251.0376/", "http://xn--/"]
+)
+async def test_a_redirect_to_a_malformed_address_is_rejected(
+    httpserver: HTTPServer, location: str
+) -> None:
+    # Joining such a Location raised httpx.InvalidURL outside the guard: once an HTTP 500.
+    httpserver.expect_request("/hop").respond_with_data(
+        "", status=302, headers={"Location": location}
+    )
+    reader = direct_reader()
+    with pytest.raises(URLRejected):
+        await reader.read(httpserver.url_for("/hop"), deadline())
+    await reader.aclose()
+
+
+@pytest.mark.anyio
 async def test_direct_reader_refuses_loopback_by_default(httpserver: HTTPServer) -> None:
     httpserver.expect_request("/article").respond_with_data(HTML, content_type="text/html")
     reader = DirectReader(UpstreamSettings("", retry=FAST), URLGuard())

@@ -41,6 +41,11 @@ BLOCKED = [
     "http://user:pass@example.com/",
     "//example.com/",
     "http:///nohost",
+    # IDNA errors raised while httpx decodes the host (once an HTTP 500)
+    "http://xn--/",
+    "https://xn--ls8h.la/",
+    "http://xn--127-0.0.0.1/",
+    "http://xn--a.example/",
 ]
 
 

@@ -53,7 +53,7 @@ class DirectReader(UpstreamProvider):
             )
             location = reply.headers.get("location")
             if 300 <= reply.status_code < 400 and location:
-                current = str(httpx.URL(current).join(location))
+                current = _redirect_target(current, location)
                 continue
             content_type = reply.headers.get("content-type", "").split(";")[0].strip().lower()
             body = reply.text()
@@ -66,3 +66,11 @@ class DirectReader(UpstreamProvider):
             title, text = html_to_text(body)
             return ensure_readable(Page(url=current, title=title, text=text), self.name)
         raise URLRejected(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _redirect_target(current: str, location: str) -> str:
+    """The absolute URL a redirect points to; the guard checks it before any connection."""
+    try:
+        return str(httpx.URL(current).join(location))
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:  # e.g. http://0177.0.0.1/
+        raise URLRejected(f"the page redirects to an invalid URL: {str(exc)[:200]}") from None

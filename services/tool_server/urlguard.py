@@ -94,13 +94,13 @@ class URLGuard:
         """Scheme, host and literal addresses; no DNS. Raises `URLRejected`."""
         try:
             parsed = httpx.URL(url.strip())
-        except (httpx.InvalidURL, TypeError, ValueError) as exc:
-            raise URLRejected(f"not a valid URL: {exc}") from None
+            host = parsed.host.rstrip(".").lower()  # httpx decodes IDNA here, lazily
+        except (httpx.InvalidURL, TypeError, ValueError) as exc:  # IDNAError is a ValueError
+            raise URLRejected(f"not a valid URL: {str(exc)[:200]}") from None
         if parsed.scheme not in ("http", "https"):
             raise URLRejected(
                 f"only http and https URLs can be opened, not {parsed.scheme or 'a relative URL'}"
             )
-        host = parsed.host.rstrip(".").lower()
         if not host:
             raise URLRejected("the URL has no host")
         if parsed.userinfo:

@@ -14,7 +14,9 @@ aborted or failed: reward 0.0 is set here, so slime never sees None).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -33,7 +35,7 @@ from deepdive.protocol import (
 from deepdive.rollout_settings import RolloutSettings, settings_from_args
 from deepdive.sample import status_name, status_of
 from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
-from services.http import decode_json_object
+from services.http import Upstream, decode_json_object
 from services.logs import log_event
 
 logger = logging.getLogger("deepdive.rollout")
@@ -338,7 +340,9 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | list[flo
     """slime's custom reward: the reward server's strict binary reward (batch form for a group).
 
     Never raises: an aborted sample, a sample without a label or an unreachable reward server
-    scores 0.0, and the reason is kept in sample.metadata["reward_details"].
+    scores 0.0, and the reason is kept in sample.metadata["reward_details"]. When the batch call
+    fails, each sample is asked for on its own, so one item the server cannot take never costs
+    the group its other rewards.
     """
     samples = sample if isinstance(sample, list) else [sample]
     rewards = [0.0] * len(samples)
@@ -354,28 +358,55 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | list[flo
         client = service_client(
             "reward_server", settings.reward_server_url, settings.reward_timeout_s, settings.retries
         )
+        payloads = [_reward_payload(samples[i]) for i in pending]
         try:
-            reply = await client.send(
-                "POST",
-                "/evaluate/batch",
-                json=[_reward_payload(samples[i]) for i in pending],
-                deadline=time.monotonic() + settings.reward_timeout_s,
-            )
-            results = decode_json_object(b'{"items": ' + reply.content + b"}", "reward_server")[
-                "items"
-            ]
-            if not isinstance(results, list) or len(results) != len(pending):
-                raise UpstreamBadResponse(
-                    "reward_server", "the batch reply does not match the request"
-                )
+            results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
         except ServiceError as error:
             log_event(
                 logger, "reward_failed", logging.WARNING, error=error.message, samples=len(pending)
             )
-            results = [
-                {"reward": 0, "error": {"code": error.code, "message": error.message}}
-            ] * len(pending)
+            results = [_error_result(error)] if len(payloads) == 1 else []
+        if not results:  # the batch failed: each sample on its own
+            results = list(
+                await asyncio.gather(
+                    *(_evaluate_one(client, p, settings.reward_timeout_s) for p in payloads)
+                )
+            )
         for i, result in zip(pending, results, strict=True):
-            rewards[i] = float(result.get("reward", 0)) if isinstance(result, dict) else 0.0
+            rewards[i] = _reward_value(result)
             samples[i].metadata = {**(samples[i].metadata or {}), "reward_details": result}
     return rewards if isinstance(sample, list) else rewards[0]
+
+
+async def _evaluate_batch(
+    client: Upstream, payloads: list[dict[str, Any]], timeout_s: float
+) -> list[Any]:
+    reply = await client.send(
+        "POST", "/evaluate/batch", json=payloads, deadline=time.monotonic() + timeout_s
+    )
+    results = decode_json_object(b'{"items": ' + reply.content + b"}", "reward_server")["items"]
+    if not isinstance(results, list) or len(results) != len(payloads):
+        raise UpstreamBadResponse("reward_server", "the batch reply does not match the request")
+    return results
+
+
+async def _evaluate_one(client: Upstream, payload: dict[str, Any], timeout_s: float) -> Any:
+    try:
+        reply = await client.send(
+            "POST", "/evaluate", json=payload, deadline=time.monotonic() + timeout_s
+        )
+        return decode_json_object(reply.content, "reward_server")
+    except ServiceError as error:
+        return _error_result(error)
+
+
+def _error_result(error: ServiceError) -> dict[str, Any]:
+    return {"reward": 0, "error": {"code": error.code, "message": error.message}}
+
+
+def _reward_value(result: Any) -> float:
+    """The reward in a server's answer; anything but a finite number is 0.0 (never a crash)."""
+    reward = result.get("reward") if isinstance(result, dict) else None
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        return 0.0
+    return float(reward) if math.isfinite(reward) else 0.0

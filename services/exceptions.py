@@ -2,6 +2,8 @@
 
 ServiceError
 ├── ConfigError                 bad configuration, found at start-up (never at request time)
+├── ItemFailed                  a bug of ours met while evaluating one item: that item scores 0,
+│                               its batch keeps the others' rewards, the bug is logged
 ├── RequestError                the *client* sent something malformed  -> HTTP 4xx
 │   └── PayloadTooLarge         the body is over the configured limit  -> HTTP 413
 └── ToolError                   a tool call failed in a way the *model* should read -> HTTP 200 + "error"
@@ -37,6 +39,12 @@ class ConfigError(ServiceError):
     """A configuration value is invalid; raised before any server starts."""
 
     code = "config_error"
+
+
+class ItemFailed(ServiceError):
+    """One item of a batch hit a bug of ours; it scores 0 and the others keep their results."""
+
+    code = "internal_error"
 
 
 class RequestError(ServiceError):

@@ -14,6 +14,8 @@ from services.reward_server.app import create_app
 from services.reward_server.build import build_judge
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
+from services.reward_server.judging import Verdict
+from services.reward_server.rule_judge import RuleJudge
 from tests.conftest import serve_in_thread
 
 QUESTION = "Which city hosted the 1889 World's Fair?"
@@ -95,6 +97,50 @@ def test_label_forms(client: httpx.Client) -> None:
         )
     numeric = format_tool_call(FINISH, {"answer": "1,889"})
     assert client.post("/evaluate", json={"response": numeric, "label": 1889}).json()["reward"] == 1
+
+
+SUPERSCRIPT_CALL = '<tool_call>{"name": "click", "arguments": {"link_id": "\u00b2"}}</tool_call>'
+
+
+def test_an_odd_tool_call_scores_0_and_the_batch_keeps_the_rest(client: httpx.Client) -> None:
+    # "²" passed str.isdigit() and int() raised: /evaluate answered 500, and /evaluate/batch
+    # 500 for the whole group.
+    odd = (
+        SUPERSCRIPT_CALL + format_observation("...") + format_tool_call(FINISH, {"answer": "Paris"})
+    )
+    single = client.post("/evaluate", json={"response": odd, "label": "Paris"})
+    assert single.status_code == 200 and single.json()["reward"] == 0
+    assert single.json()["format_reason"].startswith("tool call 1:")
+    items = [{"response": r, "label": "Paris"} for r in (GOOD, GOOD, odd, GOOD)]
+    response = client.post("/evaluate/batch", json=items)
+    assert response.status_code == 200
+    assert [r["reward"] for r in response.json()] == [1, 1, 0, 1]
+
+
+class FailingJudge(RuleJudge):
+    """A judge with a bug for one answer: what a batch must survive."""
+
+    async def judge(
+        self, question: str, labels: tuple[str, ...], answer: str, deadline: float
+    ) -> Verdict:
+        if answer == "boom":
+            raise RuntimeError("a bug in a judge")
+        return await super().judge(question, labels, answer, deadline)
+
+
+def test_a_bug_on_one_item_costs_only_that_item(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = ServiceMetrics("reward")
+    app = create_app(RewardServerConfig(), Evaluator(FailingJudge(), 10), metrics)
+    boom = format_tool_call(FINISH, {"answer": "boom"})
+    items = [{"response": r, "label": "Paris"} for r in (GOOD, boom, GOOD)]
+    with serve_in_thread(app) as base, httpx.Client(base_url=base) as c:
+        batch = c.post("/evaluate/batch", json=items)
+        single = c.post("/evaluate", json=items[1])
+    assert batch.status_code == 200 and [r["reward"] for r in batch.json()] == [1, 0, 1]
+    assert batch.json()[1]["error"]["code"] == "internal_error"
+    assert single.status_code == 200 and single.json()["error"]["code"] == "internal_error"
+    assert "RuntimeError" in caplog.text and "a bug in a judge" not in single.text
+    assert 'outcome="internal_error"' in metrics.render().decode()
 
 
 def test_batch_keeps_order(client: httpx.Client) -> None:

@@ -6,17 +6,21 @@ are refused before any judge is asked: an answer that repeats the question score
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from services.exceptions import DeadlineExceeded
+from services.exceptions import DeadlineExceeded, ItemFailed
+from services.logs import log_event
 from services.reward_server.answers import repeats_question
 from services.reward_server.format_check import FormatVerdict, check_format
 from services.reward_server.judging import Judge, Verdict
 from services.reward_server.models import EvaluationRequest
+
+logger = logging.getLogger("deepdive.reward_server")
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,10 @@ class Evaluation:
     @property
     def outcome(self) -> str:
         """For metrics and logs: reward_1, reward_0, format_<code>, or the judge's error code."""
-        if not self.format.ok:
-            return f"format_{self.format.code}"
         if self.verdict is not None and self.verdict.error is not None:
             return self.verdict.error.code
+        if not self.format.ok:
+            return f"format_{self.format.code}"
         return f"reward_{self.reward}"
 
 
@@ -67,6 +71,22 @@ class Evaluator:
         self.deadline_s = deadline_s
 
     async def evaluate(self, request: EvaluationRequest) -> Evaluation:
+        """Never raises: a bug met on this item is logged and scores it 0 with an error, so a
+        batch keeps its other items' rewards and no client sees a 500."""
+        try:
+            return await self._evaluate(request)
+        except Exception as exc:
+            log_event(logger, "evaluation_failed", logging.ERROR, error=type(exc).__name__)
+            logger.debug("evaluation failure details", exc_info=exc)
+            error = ItemFailed("the reward server failed on this item; it scores 0")
+            return Evaluation(
+                0,
+                FormatVerdict(False, None, error.code, error.message),
+                Verdict(None, error.message, error=error),
+                self.judge.name,
+            )
+
+    async def _evaluate(self, request: EvaluationRequest) -> Evaluation:
         verdict_format = check_format(request.trajectory)
         if verdict_format.ok and request.client_unfinished:
             verdict_format = FormatVerdict(

@@ -1,4 +1,9 @@
-"""An async cache with a size bound and a TTL, that collapses concurrent identical calls.
+"""An async cache with an entry bound, a byte bound and a TTL, that collapses concurrent
+identical calls.
+
+Why a byte bound: keys and values come from the model (a 500 KB query, a 9 MB page); counting
+entries alone let 200 such queries hold 100 MB for an hour. Each entry is charged its key and
+value as `sizeof` measures them, and the least recently used go first past `max_bytes`.
 
 Why collapse: a GRPO group is 8-16 samples of one prompt, and they issue the same first searches
 within milliseconds of each other. Without single-flight, each would miss the cache and pay the
@@ -8,10 +13,11 @@ upstream. Failures are cached too, briefly, so a broken page is not hammered by 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from cachetools import TLRUCache
 
@@ -24,13 +30,15 @@ CacheOutcome = Literal["hit", "miss", "shared"]
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """Entries kept at most (LRU beyond), how long a value lives, how long a failure lives.
+    """Entries and bytes kept at most (LRU beyond), how long a value lives, how long a failure
+    lives. A single value larger than `max_bytes` is served but not kept.
 
     `enabled=False` turns caching and call collapsing off (every call goes upstream), for
     debugging a provider and for measuring what the cache saves.
     """
 
     max_entries: int = 10_000
+    max_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 3600.0
     failure_ttl_s: float = 10.0
     enabled: bool = True
@@ -39,6 +47,28 @@ class CacheSettings:
 @dataclass(frozen=True)
 class _Failure:
     error: ToolError
+
+
+_FAILURE_BYTES = 1024  # an error object and its message, roughly
+
+
+@dataclass(frozen=True)
+class _Entry(Generic[V]):
+    """A stored value and what it costs, its key included."""
+
+    value: V | _Failure
+    nbytes: int
+
+
+def _entry_bytes(entry: _Entry[Any]) -> int:
+    return entry.nbytes
+
+
+def key_bytes(key: Hashable) -> int:
+    """What a key holds: its strings, shallowly through tuples (our keys are tuples of str/int)."""
+    if isinstance(key, tuple):
+        return sys.getsizeof(key) + sum(key_bytes(part) for part in key)
+    return sys.getsizeof(key)
 
 
 class AsyncCache(Generic[V]):
@@ -50,21 +80,39 @@ class AsyncCache(Generic[V]):
         settings: CacheSettings,
         metrics: ServiceMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sizeof: Callable[[V], int] = sys.getsizeof,
     ) -> None:
         self.name = name
         self.settings = settings
         self.metrics = metrics
-        self._entries: TLRUCache[Hashable, V | _Failure] = TLRUCache(
-            maxsize=settings.max_entries, ttu=self._expires_at, timer=clock
+        self._sizeof = sizeof
+        self._entries: TLRUCache[Hashable, _Entry[V]] = TLRUCache(
+            maxsize=settings.max_bytes, ttu=self._expires_at, timer=clock, getsizeof=_entry_bytes
         )
         self._inflight: dict[Hashable, asyncio.Task[V]] = {}
 
-    def _expires_at(self, _key: Hashable, value: V | _Failure, now: float) -> float:
-        ttl = self.settings.failure_ttl_s if isinstance(value, _Failure) else self.settings.ttl_s
-        return now + ttl
+    def _expires_at(self, _key: Hashable, entry: _Entry[V], now: float) -> float:
+        failed = isinstance(entry.value, _Failure)
+        return now + (self.settings.failure_ttl_s if failed else self.settings.ttl_s)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """What the kept entries cost, keys included (as `sizeof` measures values)."""
+        return int(self._entries.currsize)
+
+    def _store(self, key: Hashable, value: V | _Failure) -> None:
+        size = key_bytes(key) + (
+            _FAILURE_BYTES if isinstance(value, _Failure) else self._sizeof(value)
+        )
+        if size > self.settings.max_bytes:
+            self._entries.pop(key, None)  # served, not kept: it alone would fill the cache
+            return
+        self._entries[key] = _Entry(value, size)
+        while len(self._entries) > self.settings.max_entries:
+            self._entries.popitem()
 
     async def get_or_compute(
         self, key: Hashable, compute: Callable[[], Awaitable[V]]
@@ -76,9 +124,9 @@ class AsyncCache(Generic[V]):
         entry = self._entries.get(key)
         if entry is not None:
             self._count(hit=True)
-            if isinstance(entry, _Failure):
-                raise entry.error
-            return entry, "hit"
+            if isinstance(entry.value, _Failure):
+                raise entry.value.error
+            return entry.value, "hit"
         task = self._inflight.get(key)
         outcome: CacheOutcome = "shared"
         if task is None:
@@ -96,10 +144,10 @@ class AsyncCache(Generic[V]):
         except DeadlineExceeded:
             raise
         except ToolError as error:
-            self._entries[key] = _Failure(error)
+            self._store(key, _Failure(error))
             raise
         else:
-            self._entries[key] = value
+            self._store(key, value)
             return value
         finally:
             self._inflight.pop(key, None)

@@ -138,3 +138,32 @@ async def test_a_disabled_cache_always_computes() -> None:
         (3, "miss"),
     ]
     assert len(cache) == 0
+
+
+@pytest.mark.anyio
+async def test_the_byte_bound_counts_keys_and_values_and_evicts_lru() -> None:
+    # Model-chosen keys and values once had no byte bound: 200 queries of 500 KB held 107 MB.
+    big = "v" * 10_000
+
+    async def compute() -> str:
+        return big
+
+    cache: AsyncCache[str] = AsyncCache("t", CacheSettings(max_bytes=100_000))
+    for i in range(50):
+        await cache.get_or_compute(("query", str(i) * 1000), compute)
+        assert cache.nbytes <= 100_000
+    assert 0 < len(cache) < 10  # ~11 KB an entry, key included
+    assert (await cache.get_or_compute(("query", "49" * 1000), compute))[1] == "hit"
+    assert (await cache.get_or_compute(("query", "0" * 1000), compute))[1] == "miss"
+
+
+@pytest.mark.anyio
+async def test_a_value_larger_than_the_whole_cache_is_served_not_kept() -> None:
+    async def compute() -> str:
+        return "x" * 200_000
+
+    cache: AsyncCache[str] = AsyncCache("t", CacheSettings(max_bytes=100_000))
+    value, outcome = await cache.get_or_compute("k", compute)
+    assert len(value) == 200_000 and outcome == "miss"
+    assert len(cache) == 0 and cache.nbytes == 0
+    assert (await cache.get_or_compute("k", compute))[1] == "miss"

@@ -43,6 +43,34 @@ redact_third_party_loggers()
 
 _AUTH_STATUSES = frozenset({401, 402, 403})
 
+# What a transport failure means, in words a model (or a person) can read: aiohttp's own text
+# names its internals ("ClientPayloadError (Response payload is not completed: <Content...>)").
+# First match wins, so a subclass comes before its base; an exception not listed is named by
+# its type alone.
+_TRANSPORT_WORDS: tuple[tuple[type[BaseException], str], ...] = (
+    (aiohttp.ClientPayloadError, "the connection closed before the response was complete"),
+    (aiohttp.ServerDisconnectedError, "the server closed the connection"),
+    (asyncio.TimeoutError, "timed out"),  # aiohttp's timeout errors all derive from it
+    (
+        aiohttp.ClientConnectorCertificateError,
+        "could not connect (the TLS certificate was refused)",
+    ),
+    (aiohttp.ClientSSLError, "could not connect (the TLS handshake failed)"),
+    (aiohttp.ClientConnectorError, "could not connect"),
+    (ConnectionResetError, "the connection was reset"),
+    (aiohttp.ClientConnectionError, "the connection failed"),
+    (aiohttp.InvalidURL, "the URL is not valid"),
+    (aiohttp.ClientResponseError, "the server sent a malformed response"),
+)
+
+
+def transport_failure(exc: BaseException) -> str:
+    """Plain words for a transport failure; the exception's type name for one not foreseen."""
+    for kind, words in _TRANSPORT_WORDS:
+        if isinstance(exc, kind):
+            return words
+    return type(exc).__name__
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -178,10 +206,16 @@ class Upstream:
                     self._count_call()
                     reply = await self._attempt(method, self.url(url), deadline, kwargs)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                detail = redact(str(exc)) or "no detail"
-                error: UpstreamError = UpstreamUnavailable(
-                    self.name, f"{type(exc).__name__} ({detail})"
+                log_event(
+                    logger,
+                    "upstream_transport_error",
+                    logging.DEBUG,
+                    upstream=self.name,
+                    attempt=attempt,
+                    error=type(exc).__name__,
+                    detail=redact(str(exc)) or None,
                 )
+                error: UpstreamError = UpstreamUnavailable(self.name, transport_failure(exc))
             else:
                 status = reply.status_code
                 if status < 400:

@@ -3,30 +3,134 @@
 Why a redacting filter: a secret can reach a log through a third-party message (an exception that
 quotes a URL with `api_key=` in it), not only through our own calls. The filter is the last line
 of defence; our own code never logs request bodies, headers or upstream URLs in the first place.
+
+The same registry cleans every JSON response (`services.web.json_response`): an upstream can
+echo a key back into what the model reads. A key is matched in each form it travels in (raw,
+percent-encoded, JSON-escaped), worked out once when it is registered.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
+import threading
 from collections.abc import Iterable
+from typing import AnyStr
+from urllib.parse import quote, quote_plus
 
-_SECRETS: set[str] = set()
+import orjson
+import yarl
+
+_MIN_SECRET_CHARS = 6
 _REDACTED = "***"
+_REDACTED_BYTES = b"***"
+_PERCENT_ESCAPE = re.compile(r"%[0-9A-F]{2}")
+# Characters no URL encoder and no JSON writer ever changes (RFC 3986 "unreserved").
+_UNRESERVED_RUN = re.compile(r"[A-Za-z0-9._~-]+")
+
+# (anchor, forms): `anchor` is a substring of every one of `forms`, so a text without the
+# anchor holds none of them and costs one substring search per secret, whatever its forms.
+_Rule = tuple[AnyStr, tuple[AnyStr, ...]]
+
+_register_lock = threading.Lock()
+_SECRETS: set[str] = set()
+# Rebuilt whole at registration and swapped in, so readers never need the lock.
+_TEXT_RULES: tuple[_Rule[str], ...] = ()
+_JSON_RULES: tuple[_Rule[bytes], ...] = ()
+
+
+def secret_forms(value: str) -> frozenset[str]:
+    """The texts `value` can appear as once it has travelled: raw; percent-encoded the ways
+    URL encoders do it (nothing safe, "/" safe, quote_plus's "+" for space, yarl's query-value
+    rules; upper- or lower-case hex); and each of those escaped as inside a JSON string
+    (backslash-escaped quote and backslash, optionally an escaped slash or \\uXXXX)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # an undecodable environment value: only its raw form exists
+        return frozenset({value})
+    encoded = {
+        value,
+        quote(value, safe=""),
+        quote(value),
+        quote_plus(value),
+        quote_plus(value, safe="/"),
+        yarl.URL("http://h/").with_query({"k": value}).raw_query_string.removeprefix("k="),
+    }
+    encoded |= {_PERCENT_ESCAPE.sub(lambda m: m.group().lower(), form) for form in encoded}
+    forms = set(encoded)
+    for form in encoded:
+        for escaped in (json.dumps(form, ensure_ascii=False)[1:-1], json.dumps(form)[1:-1]):
+            forms.update((escaped, escaped.replace("/", "\\/")))
+    return frozenset(forms)
+
+
+def _json_forms(forms: Iterable[str]) -> set[bytes]:
+    """How each text form reads inside orjson's output: orjson escapes only quote, backslash and
+    control characters, so a raw form containing one never appears there verbatim."""
+    found = set()
+    for form in forms:
+        try:
+            found.add(orjson.dumps(form)[1:-1])
+        except orjson.JSONEncodeError:  # a lone surrogate: orjson cannot write it at all
+            continue
+    return found
+
+
+def _rules(anchor: AnyStr, forms: Iterable[AnyStr]) -> list[_Rule[AnyStr]]:
+    """Group `forms` under `anchor`; a form that lacks it (a secret that is all punctuation)
+    is its own anchor."""
+    grouped = tuple(sorted((f for f in forms if anchor and anchor in f), key=len, reverse=True))
+    rules: list[_Rule[AnyStr]] = [(anchor, grouped)] if grouped else []
+    rules.extend((form, (form,)) for form in forms if not (anchor and anchor in form))
+    return rules
+
+
+def _secret_rules(value: str) -> tuple[list[_Rule[str]], list[_Rule[bytes]]]:
+    forms = secret_forms(value)
+    anchor = max(_UNRESERVED_RUN.findall(value), key=len, default="")
+    return _rules(anchor, forms), _rules(anchor.encode(), _json_forms(forms))
 
 
 def register_secret(value: str | None) -> None:
-    """Redact `value` from every log line from now on (short values are ignored: too many false hits)."""
-    if value and len(value) >= 6:
+    """Redact `value`, in every form it travels in, from every log line and every JSON response
+    from now on. Short values are ignored: too many false hits. The forms are worked out here,
+    once, so redacting a text costs about one substring search per secret."""
+    global _TEXT_RULES, _JSON_RULES
+    if not value or len(value) < _MIN_SECRET_CHARS:
+        return
+    with _register_lock:
+        if value in _SECRETS:
+            return
         _SECRETS.add(value)
+        text_rules, json_rules = _secret_rules(value)
+        _TEXT_RULES = (*_TEXT_RULES, *text_rules)
+        _JSON_RULES = (*_JSON_RULES, *json_rules)
+
+
+def _redact(text: AnyStr, rules: Iterable[_Rule[AnyStr]], replacement: AnyStr) -> AnyStr:
+    hits = [form for anchor, forms in rules if anchor in text for form in forms]
+    if len(hits) > 1:  # one secret may contain another: the longer form goes first
+        hits.sort(key=len, reverse=True)
+    for form in hits:
+        if form in text:
+            text = text.replace(form, replacement)
+    return text
 
 
 def redact(text: str, secrets: Iterable[str] | None = None) -> str:
-    """Return `text` with every registered (or given) secret replaced by ***."""
-    for secret in _SECRETS if secrets is None else secrets:
-        if secret in text:
-            text = text.replace(secret, _REDACTED)
-    return text
+    """Return `text` with every form of every registered (or given) secret replaced by ***."""
+    if secrets is None:
+        return _redact(text, _TEXT_RULES, _REDACTED)
+    rules = [rule for secret in secrets if secret for rule in _secret_rules(secret)[0]]
+    return _redact(text, rules, _REDACTED)
+
+
+def redact_json(body: bytes) -> bytes:
+    """Return serialised JSON (orjson's output) with every form of every registered secret
+    replaced by ***; the result is still valid JSON, since *** needs no escaping."""
+    return _redact(body, _JSON_RULES, _REDACTED_BYTES)
 
 
 def _quote(value: object) -> str:

@@ -1,4 +1,5 @@
-"""Starlette pieces every service uses: orjson responses, bounded JSON bodies, bearer auth, probes.
+"""Starlette pieces every service uses: orjson responses (secrets redacted), bounded JSON bodies,
+bearer auth, probes.
 
 The contract for clients: malformed input is a 4xx whose JSON body names what is wrong; nothing
 ever answers with a traceback. An unexpected bug still answers 500 with a generic message (and
@@ -16,13 +17,13 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.exceptions import InvalidJSON, PayloadTooLarge, RequestError
-from services.logs import log_event
+from services.logs import log_event, redact_json
 from services.metrics import ServiceMetrics
 
 logger = logging.getLogger("deepdive.web")
@@ -51,7 +52,11 @@ def json_kind(value: Any) -> str:
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+    """Every JSON body a service sends goes out here, so this is where secrets are taken out:
+    an upstream can echo a key back into an observation, a judge's reason or an error message,
+    and only a check on the final bytes catches all of them."""
+    body = redact_json(orjson.dumps(content))
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
@@ -62,8 +67,17 @@ def request_error_response(error: RequestError) -> Response:
     return json_response(error_body(error.code, error.message), status_code=error.status_code)
 
 
+class ClientDisconnected(RequestError):
+    """The client went away before its body was complete: its problem, not a bug of ours, so
+    it is a request outcome (metrics, an INFO line at most), never an internal_error."""
+
+    code = "client_disconnected"
+    status_code = 400
+
+
 async def read_json_body(request: Request, max_bytes: int) -> Any:
-    """The request body parsed as JSON; 413 past `max_bytes`, 400 when it is not JSON."""
+    """The request body parsed as JSON; 413 past `max_bytes`, 400 when it is not JSON or the
+    client disconnected before sending all of it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(
@@ -71,11 +85,16 @@ async def read_json_body(request: Request, max_bytes: int) -> Any:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"request body is over the {max_bytes}-byte limit")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"request body is over the {max_bytes}-byte limit")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientDisconnected(
+            f"the client disconnected after {size} bytes of the request body"
+        ) from None
     body = b"".join(chunks)
     if not body:
         raise InvalidJSON("the request body is empty; expected a JSON object")
@@ -110,6 +129,15 @@ def metrics_endpoint(metrics: ServiceMetrics) -> Callable[[Request], Awaitable[R
     return endpoint
 
 
+def bearer_token(authorization: bytes) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` value, else None. The scheme is
+    case-insensitive (RFC 7235) and may be followed by several spaces; the token is kept exact."""
+    scheme, _, token = authorization.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return None
+    return token.lstrip(b" ") or None
+
+
 class BearerAuthMiddleware:
     """Require `Authorization: Bearer <token>` on every HTTP path except the liveness probe.
 
@@ -120,7 +148,7 @@ class BearerAuthMiddleware:
         self, app: ASGIApp, token: str, open_paths: frozenset[str] = frozenset({"/health"})
     ):
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
         self._open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -132,7 +160,8 @@ class BearerAuthMiddleware:
             if name == b"authorization":
                 supplied = value
                 break
-        if hmac.compare_digest(supplied, self._expected):
+        token = bearer_token(supplied)
+        if token is not None and hmac.compare_digest(token, self._expected):
             await self.app(scope, receive, send)
             return
         response = json_response(

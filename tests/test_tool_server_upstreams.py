@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -206,3 +207,99 @@ def test_keys_never_reach_logs_or_responses(
     for key in (SERPER_KEY, SERPAPI_KEY, JINA_KEY):
         assert key not in everything
     assert "***" in body["output"]
+
+
+def test_a_search_snippet_that_echoes_the_key_never_shows_it(httpserver: HTTPServer) -> None:
+    def echo(request: Request) -> Response:  # a snippet that quotes the request back
+        key = request.headers["X-API-KEY"]
+        item = {
+            "title": "Request dump",
+            "link": "https://r.example/",
+            "snippet": f"X-API-KEY: {key}",
+        }
+        return Response(json.dumps({"organic": [item]}), content_type="application/json")
+
+    httpserver.expect_request("/search").respond_with_handler(echo)
+    with tool_server(httpserver) as client:
+        response = client.post(
+            "/tool", json={"session_id": "s", "name": "search", "arguments": {"query": "q"}}
+        )
+    assert httpserver.log[0][0].headers["X-API-KEY"] == SERPER_KEY
+    assert "X-API-KEY: ***" in response.json()["output"]
+    assert SERPER_KEY not in response.text
+
+
+def test_a_page_that_echoes_the_key_never_shows_it(httpserver: HTTPServer) -> None:
+    def echo(request: Request) -> Response:  # an echo service: the page is our own request
+        text = f"GET / HTTP/1.1\nAuthorization: {request.headers['Authorization']}\n" + "word " * 20
+        page = {
+            "code": 200,
+            "data": {"title": "Echo", "url": "https://echo.example/", "content": text},
+        }
+        return Response(json.dumps(page), content_type="application/json")
+
+    httpserver.expect_request("/https://echo.example/").respond_with_handler(echo)
+    with tool_server(httpserver) as client:
+        response = client.post(
+            "/tool",
+            json={"session_id": "s", "name": "open", "arguments": {"url": "https://echo.example/"}},
+        )
+    assert "Authorization: Bearer ***" in response.json()["output"]
+    assert JINA_KEY not in response.text
+
+
+def test_a_url_encoded_key_echoed_back_is_redacted_everywhere(
+    httpserver: HTTPServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from urllib.parse import quote
+
+    special = "k3y/with+special=chars&x-tool"
+    monkeypatch.setenv("SERPAPI_API_KEY", special)
+
+    def echo(request: Request) -> Response:  # the query string as sent, and two re-encodings
+        upper = quote(special, safe="")
+        lower = re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), upper)
+        sent = request.query_string.decode()
+        error = f"Invalid key in {sent} ({upper} / {lower})"
+        return Response(json.dumps({"error": error}), content_type="application/json")
+
+    httpserver.expect_request("/search.json").respond_with_handler(echo)
+    with caplog.at_level(logging.DEBUG), tool_server(httpserver, search="serpapi") as client:
+        response = client.post(
+            "/tool", json={"session_id": "s", "name": "search", "arguments": {"query": "q"}}
+        )
+    assert httpserver.log[0][0].args["api_key"] == special  # the key did reach the upstream
+    assert response.json()["error"]["code"] == "upstream_bad_response"
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name != "werkzeug")
+    for leaked in (response.text, ours):
+        assert "with+special" not in leaked and "with%2B" not in leaked and "with%2b" not in leaked
+    assert response.json()["output"].count("***") == 3
+
+
+CLOUDFLARE_HTML = (
+    "<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
+    "<div>Checking your browser before accessing r.jina.ai.</div></body></html>"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "fragment"),
+    [
+        (CLOUDFLARE_HTML, "page_unavailable", "bot-protection challenge"),
+        (
+            "<html><body>Service temporarily moved</body></html>",
+            "upstream_bad_response",
+            "not valid JSON",
+        ),
+    ],
+)
+def test_a_reader_that_answers_html_with_200(
+    httpserver: HTTPServer, body: str, code: str, fragment: str
+) -> None:
+    httpserver.expect_request("/https://guarded.example/").respond_with_data(
+        body, status=200, content_type="text/html"
+    )
+    with tool_server(httpserver) as client:
+        answer = post(client, "s", "open", {"url": "https://guarded.example/"})
+    assert answer["error"]["code"] == code
+    assert fragment in answer["output"] and answer["output"].startswith("jina: ")

@@ -17,6 +17,7 @@ import orjson
 from services.cache import AsyncCache, CacheSettings
 from services.exceptions import ToolError, UpstreamBadResponse
 from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
+from services.logs import register_secret
 from services.metrics import ServiceMetrics
 from services.reward_server.judging import Verdict
 
@@ -105,6 +106,7 @@ class OpenAIJudge(UpstreamProvider):
         cache: CacheSettings | None = None,
         metrics: ServiceMetrics | None = None,
     ) -> None:
+        register_secret(api_key)  # a judge's reasoning can repeat its request back
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         upstream = Upstream(
             "judge",

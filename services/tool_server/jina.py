@@ -6,8 +6,17 @@ literal private address) so the model cannot aim the reader at an internal host.
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.exceptions import UpstreamBadResponse
-from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
+from services.http import (
+    Upstream,
+    UpstreamProvider,
+    UpstreamReply,
+    UpstreamSettings,
+    decode_json_object,
+)
+from services.logs import register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import Page
 from services.tool_server.providers import ensure_readable
@@ -32,6 +41,7 @@ class JinaReader(UpstreamProvider):
     ) -> None:
         self.guard = guard
         headers = {"Accept": "application/json", "X-Return-Format": "markdown"}
+        register_secret(api_key)  # a page can echo our request headers back
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         upstream = Upstream(
@@ -49,7 +59,7 @@ class JinaReader(UpstreamProvider):
         reply = await self.upstream.send(
             "GET", f"/{target}", headers={"X-Timeout": reader_timeout}, deadline=deadline
         )
-        data = decode_json_object(reply.content, self.name).get("data")
+        data = self._decode(reply, url).get("data")
         if not isinstance(data, dict) or not isinstance(data.get("content"), str):
             raise UpstreamBadResponse(self.name, "the response has no data.content")
         title = data.get("title")
@@ -59,3 +69,14 @@ class JinaReader(UpstreamProvider):
             text=data["content"],
         )
         return ensure_readable(page, self.name)
+
+    def _decode(self, reply: UpstreamReply, url: str) -> dict[str, Any]:
+        """The JSON body. A bot challenge (Cloudflare's HTML, served with HTTP 200 in place of
+        Jina's JSON) is the page being unavailable, told the model as such, not a broken reply."""
+        try:
+            return decode_json_object(reply.content, self.name)
+        except UpstreamBadResponse:
+            text = reply.text()
+            if text.strip():
+                ensure_readable(Page(url=url, title="", text=text), self.name)
+            raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
+from services.logs import register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
 from services.tool_server.providers import results_from_items, search_locale
@@ -28,6 +29,7 @@ class SerperSearch(UpstreamProvider):
         metrics: ServiceMetrics | None = None,
     ) -> None:
         self._locale = search_locale(gl, hl)
+        register_secret(api_key)  # a snippet can echo our request headers back
         headers = {"X-API-KEY": api_key} if api_key else {}
         upstream = Upstream(
             self.name,

@@ -292,7 +292,7 @@ def run_engine(args: argparse.Namespace) -> None:
     """`deepdive serve engine`: SGLang's /generate for a local model, on CPU (or one GPU)."""
     from deepdive.engine import LocalEngine, create_engine_app
     from deepdive.local_model import load_model
-    from services.serve import announcer, bind, prepare, serve
+    from services.serve import announcer, bind, connection_limits, prepare, serve
 
     token = prepare(args)
     if not (args.model / "config.json").is_file():
@@ -310,6 +310,7 @@ def run_engine(args: argparse.Namespace) -> None:
         sock,
         log_level=args.log_level,
         on_listening=announcer(f"local engine ({args.model})", token, examples),
+        limits=connection_limits(args),
     )
 
 

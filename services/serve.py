@@ -1,5 +1,6 @@
 """Run an ASGI app under uvicorn: bind first (so port 0 works and the real port is known),
-refuse to expose an unauthenticated service beyond loopback, log like the rest of the project."""
+refuse to expose an unauthenticated service beyond loopback, cut off slow clients and cap open
+connections (services/connections.py), log like the rest of the project."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp
 
+from services.connections import ConnectionLimits, ensure_fd_limit, protocol_class
 from services.exceptions import ConfigError
 from services.logs import configure_logging
 from services.secrets import apply_env_file, read_secret
@@ -40,10 +42,43 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    defaults = ConnectionLimits()
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=defaults.header_timeout,
+        metavar="SECONDS",
+        help="close a connection whose request line and headers take longer (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=defaults.body_timeout,
+        metavar="SECONDS",
+        help="close a connection whose request body takes longer after the headers "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        metavar="N",
+        help="connections open at once; more are closed unread (default: %(default)s)",
+    )
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    """The limits given by `add_server_arguments`' options (ConfigError names a bad one)."""
+    return ConnectionLimits(
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        max_connections=args.max_connections,
+    )
 
 
 def prepare(args: argparse.Namespace) -> str | None:
-    """Logging, env file, the service token and the exposure check; returns the token."""
+    """Logging, env file, the service token, the exposure and limits checks; returns the token."""
+    connection_limits(args)  # a bad limit fails first, before logging, binding or loading
     configure_logging(args.log_level)
     if args.env_file:
         apply_env_file(args.env_file)
@@ -56,7 +91,7 @@ def announcer(title: str, token: str | None, examples: Sequence[str]) -> Callabl
     """Prints where the service listens and how to try it; `{base}` and `{auth}` are filled in."""
 
     def announce(host: str, port: int) -> None:
-        base = f"http://{host}:{port}"
+        base = f"http://{url_host(host)}:{port}"
         auth = f" -H 'Authorization: Bearer ${TOKEN_ENV}'" if token else ""
         lines = [f"{title} listening on {base}"]
         lines += ["  " + example.format(base=base, auth=auth) for example in examples]
@@ -64,6 +99,14 @@ def announcer(title: str, token: str | None, examples: Sequence[str]) -> Callabl
         print("\n".join(lines), file=sys.stderr, flush=True)
 
     return announce
+
+
+def url_host(host: str) -> str:
+    """`host` as a URL spells it: an IPv6 address goes in brackets (`http://[::1]:8700`), its
+    zone's "%" escaped as RFC 6874 asks; names and IPv4 addresses stay as they are."""
+    if ":" not in host or host.startswith("["):
+        return host
+    return "[" + host.replace("%", "%25") + "]"
 
 
 def is_loopback(host: str) -> bool:
@@ -102,16 +145,20 @@ def serve(
     sock: socket.socket,
     log_level: str = "info",
     on_listening: Callable[[str, int], None] | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM. `on_listening(host, port)` is called once the socket is bound."""
+    """Serve until SIGINT/SIGTERM. `on_listening(host, port)` is called once the socket is bound.
+    `limits` (default: ConnectionLimits()) bounds slow clients and open connections."""
+    limits = limits or ConnectionLimits()
     host, port = sock.getsockname()[:2]
+    ensure_fd_limit(limits.max_connections)
     config = uvicorn.Config(
         app,
         log_config=None,  # our logging configuration stays in charge
         log_level=log_level.lower(),
         access_log=False,  # one line per call comes from the app, without request bodies
         loop="auto",
-        http="auto",
+        http=protocol_class(limits),  # httptools, with header/body timeouts and the cap
         lifespan="on",
         timeout_graceful_shutdown=10,
     )
@@ -120,12 +167,21 @@ def serve(
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def start_server_thread(app: ASGIApp, sock: socket.socket) -> Callable[[], None]:
+def start_server_thread(
+    app: ASGIApp, sock: socket.socket, limits: ConnectionLimits | None = None
+) -> Callable[[], None]:
     """Serve `app` under uvicorn on a bound socket in a daemon thread (its own event loop), for
-    in-process servers (the local engine, tests); returns the function that stops it."""
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", log_level="warning")
+    in-process servers (the local engine, tests); returns the function that stops it. The same
+    connection limits as `serve()` apply (default: ConnectionLimits())."""
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        log_level="warning",
+        http=protocol_class(limits or ConnectionLimits()),
     )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

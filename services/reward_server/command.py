@@ -11,7 +11,7 @@ from services.reward_server.app import create_app
 from services.reward_server.build import build_judge
 from services.reward_server.config import JUDGE_BACKENDS, RewardServerConfig
 from services.reward_server.evaluator import Evaluator
-from services.serve import add_server_arguments, announcer, bind, prepare, serve
+from services.serve import add_server_arguments, announcer, bind, connection_limits, prepare, serve
 
 DEFAULT_PORT = 8701
 
@@ -88,4 +88,5 @@ def run(args: argparse.Namespace) -> None:
             '-d \'{{"response": "<tool_call>{{\\"name\\": \\"finish\\", \\"arguments\\": {{\\"answer\\": \\"Paris\\"}}}}</tool_call>", "label": "Paris"}}\'',
         ],
     )
-    serve(app, sock, log_level=args.log_level, on_listening=announce)
+    limits = connection_limits(args)
+    serve(app, sock, log_level=args.log_level, on_listening=announce, limits=limits)

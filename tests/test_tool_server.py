@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,3 +223,70 @@ def test_bearer_token_guards_everything_but_health(corpus_file: Path, tmp_path: 
         right = {"Authorization": "Bearer s3cret-token-value"}
         response = httpx.post(f"{base}/tool", json=payload, headers=right)
         assert response.status_code == 200 and "s3cret" not in response.text
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        ("bearer s3cret-token-value", 200),
+        ("BEARER s3cret-token-value", 200),
+        ("Bearer   s3cret-token-value", 200),
+        ("bearer S3CRET-TOKEN-VALUE", 401),  # the scheme is case-insensitive, the token is not
+        ("Basic s3cret-token-value", 401),
+        ("Bearer", 401),
+        ("s3cret-token-value", 401),
+    ],
+)
+def test_the_auth_scheme_is_case_insensitive_and_the_token_exact(
+    corpus_file: Path, tmp_path: Path, header: str, status: int
+) -> None:
+    app = make_app(corpus_file, tmp_path, token="s3cret-token-value")
+    with serve_in_thread(app) as base:
+        response = httpx.get(f"{base}/ready", headers={"Authorization": header})
+    assert response.status_code == status
+
+
+def test_a_client_that_disconnects_mid_body_is_no_error_of_ours(
+    client: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    host, port = str(client.base_url.host), int(client.base_url.port or 80)
+    with socket.create_connection((host, port)) as sock:  # closed with 990 bytes still to come
+        sock.sendall(
+            b"POST /tool HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"session_'
+        )
+    outcome = 'deepdive_tool_requests_total{operation="invalid",outcome="client_disconnected"} 1.0'
+    deadline = time.monotonic() + 5
+    metrics = ""
+    while outcome not in metrics and time.monotonic() < deadline:
+        time.sleep(0.02)
+        metrics = client.get("/metrics").text
+    assert outcome in metrics
+    assert "internal_error" not in metrics
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if "internal_error" in r.getMessage()]
+
+
+def test_model_chosen_strings_are_bounded_at_the_door(corpus_file: Path, tmp_path: Path) -> None:
+    # A 500 KB query once became a cache key held for an hour.
+    app = make_app(corpus_file, tmp_path, max_query_chars=50, max_url_chars=60)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base) as c:
+        query = call(c, "search", {"query": "orrery " * 10})
+        assert query["error"]["code"] == "invalid_arguments"
+        assert "query is 69 characters long; at most 50" in query["observation"]
+        url = call(c, "open", {"url": "https://wiki.example/" + "x" * 50})
+        assert "url is 71 characters long; at most 60" in url["observation"]
+        assert "error" not in call(c, "search", {"query": "orrery " * 7})
+
+
+def test_a_page_past_max_page_chars_is_cut_and_says_so(corpus_file: Path, tmp_path: Path) -> None:
+    # The Haldor page has ~3,400 characters; cut at 1,000, it is three pages of at most 500.
+    app = make_app(corpus_file, tmp_path, max_page_chars=1_000)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base) as c:
+        first = call(c, "open", {"url": "https://wiki.example/Haldor"})["observation"]
+        assert "Page 1 of 3" in first and "not shown" not in first
+        last = call(c, "open", {"url": "https://wiki.example/Haldor", "page": 3})["observation"]
+        assert last.endswith("[The page is longer than 1,000 characters; the rest is not shown.]")
+        again = call(c, "open", {"url": "https://wiki.example/Haldor", "page": 3})["observation"]
+        assert again == last  # served from the prepared page in the cache

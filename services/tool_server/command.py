@@ -9,7 +9,7 @@ from pathlib import Path
 
 from services.http import UpstreamSettings
 from services.metrics import ServiceMetrics
-from services.serve import add_server_arguments, announcer, bind, prepare, serve
+from services.serve import add_server_arguments, announcer, bind, connection_limits, prepare, serve
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
@@ -58,6 +58,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=10_000,
         help="characters per page of open/click output (default: %(default)s)",
+    )
+    defaults = ToolServerConfig(index_cache_dir=None)
+    parser.add_argument(
+        "--max-query-chars",
+        type=int,
+        default=defaults.max_query_chars,
+        help="longer search queries are refused with a tool error (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-page-chars",
+        type=int,
+        default=defaults.max_page_chars,
+        help="a page's text is cut at this many characters (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--search-cache-mb",
+        type=int,
+        default=defaults.search_cache.max_bytes // 2**20,
+        help="memory for cached search results, MiB (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--page-cache-mb",
+        type=int,
+        default=defaults.page_cache.max_bytes // 2**20,
+        help="memory for cached pages, MiB (default: %(default)s)",
     )
     parser.add_argument(
         "--max-concurrency",
@@ -137,8 +162,20 @@ def config_from_args(args: argparse.Namespace) -> ToolServerConfig:
         hl=args.hl,
         call_deadline_s=args.deadline,
         page_chars=args.page_chars,
-        search_cache=replace(base.search_cache, ttl_s=args.cache_ttl, enabled=not args.no_cache),
-        page_cache=replace(base.page_cache, ttl_s=args.cache_ttl, enabled=not args.no_cache),
+        max_query_chars=args.max_query_chars,
+        max_page_chars=args.max_page_chars,
+        search_cache=replace(
+            base.search_cache,
+            ttl_s=args.cache_ttl,
+            enabled=not args.no_cache,
+            max_bytes=args.search_cache_mb * 2**20,
+        ),
+        page_cache=replace(
+            base.page_cache,
+            ttl_s=args.cache_ttl,
+            enabled=not args.no_cache,
+            max_bytes=args.page_cache_mb * 2**20,
+        ),
         blocked_domains=tuple(args.block_domain),
         allowed_networks=tuple(args.allow_network),
     )
@@ -160,4 +197,5 @@ def run(args: argparse.Namespace) -> None:
             'then: ... -d \'{{"session_id": "demo", "name": "click", "arguments": {{"link_id": 1}}}}\'',
         ],
     )
-    serve(app, sock, log_level=args.log_level, on_listening=announce)
+    limits = connection_limits(args)
+    serve(app, sock, log_level=args.log_level, on_listening=announce, limits=limits)

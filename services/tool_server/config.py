@@ -32,6 +32,10 @@ class ToolServerConfig:
     call_deadline_s       total time for one tool call, retries and backoff included
     default_results / max_results   search result counts (`num` is clamped to max_results)
     page_chars            characters per page of `open` output; longer pages are paginated
+    max_query_chars       a longer search query is refused (a tool error the model reads)
+    max_url_chars         a longer URL is refused likewise
+    max_page_chars        a page's text is cut here (the last page says so): the byte size of
+                          a cached page is bounded whatever the site serves
     blocked_domains       hosts (and their subdomains) never shown or opened
     allowed_networks      CIDRs the URL guard trusts despite being private (e.g. an intranet mirror)
     leakage_ngram         forbidden texts of at least this many words match by n-gram overlap
@@ -56,8 +60,15 @@ class ToolServerConfig:
     default_results: int = 10
     max_results: int = 20
     page_chars: int = 10_000
-    search_cache: CacheSettings = field(default_factory=lambda: CacheSettings(max_entries=50_000))
-    page_cache: CacheSettings = field(default_factory=lambda: CacheSettings(max_entries=2_000))
+    max_query_chars: int = 1_000
+    max_url_chars: int = 4_096
+    max_page_chars: int = 500_000
+    search_cache: CacheSettings = field(
+        default_factory=lambda: CacheSettings(max_entries=50_000, max_bytes=128 * 2**20)
+    )
+    page_cache: CacheSettings = field(
+        default_factory=lambda: CacheSettings(max_entries=2_000, max_bytes=512 * 2**20)
+    )
     sessions: SessionSettings = field(default_factory=SessionSettings)
     blocked_domains: tuple[str, ...] = ()
     allowed_networks: tuple[str, ...] = ()
@@ -79,6 +90,13 @@ class ToolServerConfig:
         _positive("page_chars", self.page_chars)
         _positive("leakage_ngram", self.leakage_ngram)
         _positive("max_body_bytes", self.max_body_bytes)
+        _positive("max_query_chars", self.max_query_chars)
+        _positive("max_url_chars", self.max_url_chars)
+        if self.max_page_chars < self.page_chars:
+            raise ConfigError(
+                f"max_page_chars: expected at least page_chars ({self.page_chars}), "
+                f"got {self.max_page_chars}"
+            )
         if self.default_results > self.max_results:
             raise ConfigError("default_results: must not exceed max_results")
         if self.page_chars < 200:
@@ -97,6 +115,7 @@ class ToolServerConfig:
             ("page_cache", self.page_cache),
         ):
             _positive(f"{cache_name}.max_entries", cache.max_entries)
+            _positive(f"{cache_name}.max_bytes", cache.max_bytes)
             _positive(f"{cache_name}.ttl_s", cache.ttl_s)
         _positive("sessions.max_sessions", self.sessions.max_sessions)
         _positive("sessions.ttl_s", self.sessions.ttl_s)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import orjson
 
-from services.tool_server.models import Page, SearchResult
+from services.tool_server.models import SearchResult
 
 NO_RESULTS = "No results found."
 
@@ -38,18 +39,36 @@ def split_pages(text: str, page_chars: int) -> list[str]:
     return pieces
 
 
-def format_page(page: Page, pieces: Sequence[str], number: int) -> str:
-    """One piece of a page, saying where it is and how to read on."""
+class Located(Protocol):
+    """A page or a prepared page: what a shown piece is headed with."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def title(self) -> str: ...
+
+
+def format_page(
+    page: Located, pieces: Sequence[str], number: int, cut_at: int | None = None
+) -> str:
+    """One piece of a page, saying where it is and how to read on (and, on the last piece of a
+    page cut at `cut_at` characters, that the rest is not shown)."""
     header = [f"Title: {page.title}"] if page.title else []
     header.append(f"URL: {page.url}")
     total = len(pieces)
+    cut_note = (
+        f"\n\n[The page is longer than {cut_at:,} characters; the rest is not shown.]"
+        if cut_at is not None and number == total
+        else ""
+    )
     if total == 1:
-        return "\n".join(header) + "\n\n" + pieces[0]
+        return "\n".join(header) + "\n\n" + pieces[0] + cut_note
     header.append(f"Page {number} of {total}")
     body = "\n".join(header) + "\n\n" + pieces[number - 1]
     if number < total:
         next_call = orjson.dumps({"url": page.url, "page": number + 1}).decode()
         body += f"\n\n[Page {number} of {total}. To read on, call open with {next_call}.]"
     else:
-        body += f"\n\n[Page {number} of {total}: the end of this page.]"
+        body += f"\n\n[Page {number} of {total}: the end of this page.]" + cut_note
     return body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -24,15 +25,42 @@ class SearchResult:
 
 @dataclass(frozen=True)
 class Page:
-    """A whole page as text. Split into model-sized pages only when it is shown."""
+    """A whole page as text, as a reader returns it."""
 
     url: str
     title: str
     text: str
 
-    @cached_property
-    def normalized(self) -> NormalizedText:
-        return normalize(f"{self.title}\n{self.text}")
+
+@dataclass(frozen=True)
+class PreparedPage:
+    """A page as the tool server keeps it: cut to `max_page_chars`, split into the model's pages
+    and normalised for the leakage filter once, when it is fetched. Re-opening a cached page
+    then costs a substring search and a slice, never a re-split of the whole text on the loop.
+    """
+
+    url: str
+    title: str
+    pieces: tuple[str, ...]
+    normalized: NormalizedText
+    cut_at: int | None = None  # the text was cut at this many characters
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held, as the page cache charges it."""
+        strings = (self.url, self.title, self.normalized.padded, *self.pieces)
+        return sys.getsizeof(self.pieces) + sum(sys.getsizeof(text) for text in strings)
+
+
+def results_nbytes(results: tuple[SearchResult, ...]) -> int:
+    """Memory a cached result list holds, the normalised form the leakage filter reads included
+    (built here, once, rather than on the first filtered request)."""
+    return sys.getsizeof(results) + sum(
+        sys.getsizeof(r)
+        + sys.getsizeof(r.__dict__)
+        + sum(sys.getsizeof(text) for text in (r.title, r.url, r.snippet, r.normalized.padded))
+        for r in results
+    )
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,14 @@ from services.exceptions import (
 from services.metrics import ServiceMetrics
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.formatting import format_page, format_results, split_pages
-from services.tool_server.leakage import DomainBlocklist, LeakageFilter
-from services.tool_server.models import Page, SearchResult, ToolRequest
+from services.tool_server.leakage import DomainBlocklist, LeakageFilter, normalize
+from services.tool_server.models import (
+    Page,
+    PreparedPage,
+    SearchResult,
+    ToolRequest,
+    results_nbytes,
+)
 from services.tool_server.providers import PageReader, SearchProvider
 from services.tool_server.sessions import SessionStore
 from services.tool_server.urls import normalize_url
@@ -52,9 +58,11 @@ class ToolExecutor:
         self.search_provider = search
         self.reader = reader
         self.search_cache: AsyncCache[tuple[SearchResult, ...]] = AsyncCache(
-            "search", config.search_cache, metrics
+            "search", config.search_cache, metrics, sizeof=results_nbytes
         )
-        self.page_cache: AsyncCache[Page] = AsyncCache("page", config.page_cache, metrics)
+        self.page_cache: AsyncCache[PreparedPage] = AsyncCache(
+            "page", config.page_cache, metrics, sizeof=lambda page: page.nbytes
+        )
         self.sessions = SessionStore(config.sessions)
         self.blocklist = DomainBlocklist(config.blocked_domains)
         self._handlers: dict[str, Callable[[ToolRequest, float], Awaitable[ToolOutcome]]] = {
@@ -100,6 +108,7 @@ class ToolExecutor:
     async def _search(self, request: ToolRequest, deadline: float) -> ToolOutcome:
         args = _validated(request)
         query: str = args["query"]
+        _check_length("query", query, self.config.max_query_chars)
         num = min(args["num"] or self.config.default_results, self.config.max_results)
         key = (self.search_provider.name, normalize_query(query), num)
 
@@ -132,6 +141,7 @@ class ToolExecutor:
 
     async def _open(self, request: ToolRequest, deadline: float) -> ToolOutcome:
         args = _validated(request)
+        _check_length("url", args["url"], self.config.max_url_chars)
         return await self._show(args["url"], args["page"], request, deadline)
 
     async def _show(
@@ -140,8 +150,9 @@ class ToolExecutor:
         if self.blocklist.blocks(url):
             raise ContentBlocked("this site is blocked for this task; use another source")
 
-        async def fetch() -> Page:
-            return await self.reader.read(url, deadline)
+        async def fetch() -> PreparedPage:
+            page = await self.reader.read(url, deadline)
+            return await prepare_page(page, self.config.page_chars, self.config.max_page_chars)
 
         page, outcome = await self.page_cache.get_or_compute(
             (self.reader.name, normalize_url(url)), fetch
@@ -153,12 +164,11 @@ class ToolExecutor:
             raise ContentBlocked(
                 "this page contains the task's own text and cannot be shown; use another source"
             )
-        pieces = split_pages(page.text, self.config.page_chars)
-        if page_number > len(pieces):
+        if page_number > len(page.pieces):
             raise InvalidArguments(
-                f"page {page_number} is past the end: this page has {len(pieces)} page(s)"
+                f"page {page_number} is past the end: this page has {len(page.pieces)} page(s)"
             )
-        return ToolOutcome(format_page(page, pieces, page_number), outcome)
+        return ToolOutcome(format_page(page, page.pieces, page_number, page.cut_at), outcome)
 
     async def _start_session(self, request: ToolRequest, deadline: float) -> ToolOutcome:
         return ToolOutcome("Successfully started session.")
@@ -166,6 +176,37 @@ class ToolExecutor:
     async def _close_session(self, request: ToolRequest, deadline: float) -> ToolOutcome:
         self.sessions.close(request.session_id)
         return ToolOutcome(f"Successfully closed session {request.session_id}.")
+
+
+# Pages longer than this are prepared in a worker thread, so the event loop keeps serving.
+_PREPARE_IN_THREAD_CHARS = 50_000
+
+
+async def prepare_page(page: Page, page_chars: int, max_page_chars: int) -> PreparedPage:
+    """Cut, split and normalise a fetched page once, off the event loop when it is large."""
+    if len(page.text) + len(page.title) <= _PREPARE_IN_THREAD_CHARS:
+        return _prepare(page, page_chars, max_page_chars)
+    return await anyio.to_thread.run_sync(_prepare, page, page_chars, max_page_chars)
+
+
+def _prepare(page: Page, page_chars: int, max_page_chars: int) -> PreparedPage:
+    cut = len(page.text) > max_page_chars
+    text = page.text[:max_page_chars] if cut else page.text
+    return PreparedPage(
+        url=page.url,
+        title=page.title,
+        pieces=tuple(split_pages(text, page_chars)),
+        normalized=normalize(f"{page.title}\n{text}"),
+        cut_at=max_page_chars if cut else None,
+    )
+
+
+def _check_length(field: str, value: str, limit: int) -> None:
+    """Model-chosen strings are bounded at the door: they become cache keys and upstream calls."""
+    if len(value) > limit:
+        raise InvalidArguments(
+            f"the {field} is {len(value)} characters long; at most {limit} are accepted"
+        )
 
 
 def normalize_query(query: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from deepdive.protocol import SYSTEM_PROMPT, TOOL_SCHEMAS
-from services.tool_server.leakage import normalize
+from services.tool_server.leakage import plain_words
 
 INPUT_KEY = "input_messages"
 LABEL_KEY = "label"
@@ -168,7 +168,7 @@ def validate_row(path: Path, line: int, row: Any) -> QARecord | RowError:
 
 def question_id(question: str) -> str:
     """A stable id from the question's normalised words (same question, same id, any spacing)."""
-    return "q-" + hashlib.sha256(" ".join(normalize(question).words).encode()).hexdigest()[:16]
+    return "q-" + hashlib.sha256(" ".join(plain_words(question)).encode()).hexdigest()[:16]
 
 
 def prompt_row(record: QARecord, source: str, system_prompt: str = SYSTEM_PROMPT) -> dict[str, Any]:

@@ -237,3 +237,18 @@ def test_the_compact_system_prompt(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {row["input_messages"][0]["content"] for row in rows} == {COMPACT_SYSTEM_PROMPT}
     assert all(name in COMPACT_SYSTEM_PROMPT for name in TOOL_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("question", "recorded_id"),
+    [
+        ("Какой город принимал Всемирную выставку 1889 года?", "q-b22bfff43292ab43"),
+        ("Which <b>city</b> hosted the 1889 fair\u200b?", "q-8237c138c7921af1"),
+    ],
+)
+def test_question_ids_do_not_follow_the_leakage_filters_cleaning(
+    question: str, recorded_id: str
+) -> None:
+    # Recorded before the filter learnt to fold look-alikes and strip tags and invisible
+    # characters: converted data keeps its ids.
+    assert question_id(question) == recorded_id

@@ -29,6 +29,7 @@ import anyio
 import orjson
 
 from services.exceptions import (
+    ToolError,
     UpstreamAuthError,
     UpstreamBadResponse,
     UpstreamError,
@@ -119,7 +120,9 @@ class UpstreamReply:
             return self.content.decode("utf-8", errors="replace")
 
 
-ErrorClassifier = Callable[[UpstreamReply], "UpstreamError | None"]
+# Reads a refused reply (status >= 400) before the generic rules: an UpstreamAuthError is a key
+# problem (reported once, /ready off); any other ToolError is raised as it is, never retried.
+ErrorClassifier = Callable[[UpstreamReply], "ToolError | None"]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

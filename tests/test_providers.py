@@ -329,3 +329,23 @@ async def test_direct_reader_refuses_challenges_and_binary(httpserver: HTTPServe
         await reader.read(httpserver.url_for("/pdf"), deadline())
     assert (await reader.read(httpserver.url_for("/txt"), deadline())).text == "plain words"
     await reader.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_sites_401_or_403_is_that_pages_answer_not_a_key_problem(
+    httpserver: HTTPServer,
+) -> None:
+    # The direct reader has no key: a site's 403 (often a bot challenge) once marked the reader
+    # as failed authentication, turning /ready off for every page.
+    httpserver.expect_request("/cf").respond_with_data(
+        CLOUDFLARE, status=403, content_type="text/html"
+    )
+    httpserver.expect_request("/private").respond_with_data("no", status=401)
+    reader = direct_reader()
+    with pytest.raises(PageUnavailable, match="challenge"):
+        await reader.read(httpserver.url_for("/cf"), deadline())
+    with pytest.raises(PageUnavailable, match="HTTP 401"):
+        await reader.read(httpserver.url_for("/private"), deadline())
+    assert reader.not_ready_reason() is None
+    assert len(httpserver.log) == 2  # a refusal is not retried
+    await reader.aclose()

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import httpx
 
-from services.exceptions import PageUnavailable, URLRejected
-from services.http import Upstream, UpstreamProvider, UpstreamSettings
+from services.exceptions import PageUnavailable, ToolError, URLRejected
+from services.http import Upstream, UpstreamProvider, UpstreamReply, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.tool_server.html_text import html_to_text
 from services.tool_server.models import Page
-from services.tool_server.providers import ensure_readable
+from services.tool_server.providers import CHALLENGE_MESSAGE, ensure_readable, looks_like_challenge
 from services.tool_server.urlguard import URLGuard
 
 MAX_REDIRECTS = 5
@@ -37,6 +37,7 @@ class DirectReader(UpstreamProvider):
             settings,
             headers={"User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1"},
             metrics=metrics,
+            classify_error=_site_refusal,
         )
         super().__init__(upstream)
 
@@ -74,3 +75,13 @@ def _redirect_target(current: str, location: str) -> str:
         return str(httpx.URL(current).join(location))
     except (httpx.InvalidURL, TypeError, ValueError) as exc:  # e.g. http://0177.0.0.1/
         raise URLRejected(f"the page redirects to an invalid URL: {str(exc)[:200]}") from None
+
+
+def _site_refusal(reply: UpstreamReply) -> ToolError | None:
+    """A site's 4xx is its answer about this page, not a problem with a key we do not have: a
+    401/403 (often a bot challenge) must never mark the reader as not ready for every page."""
+    if not 400 <= reply.status_code < 500 or reply.status_code == 429:
+        return None
+    if looks_like_challenge(reply.text()[:3000]):
+        return PageUnavailable(CHALLENGE_MESSAGE.format(upstream="direct"))
+    return PageUnavailable(f"the site refused the page (HTTP {reply.status_code}); try another")

@@ -75,14 +75,21 @@ _CHALLENGE = re.compile(
 )
 
 
+CHALLENGE_MESSAGE = (
+    "{upstream}: the site answered with a bot-protection challenge instead of the page; "
+    "try another result"
+)
+
+
+def looks_like_challenge(text: str) -> bool:
+    """A bot-protection page (Cloudflare's and its kind) rather than the page asked for."""
+    return _CHALLENGE.search(text) is not None
+
+
 def ensure_readable(page: Page, upstream: str) -> Page:
     """Refuse bot-challenge pages and empty pages, which some sites serve with HTTP 200."""
-    head = f"{page.title}\n{page.text[:3000]}"
-    if _CHALLENGE.search(head):
-        raise PageUnavailable(
-            f"{upstream}: the site answered with a bot-protection challenge instead of the page; "
-            "try another result"
-        )
+    if looks_like_challenge(f"{page.title}\n{page.text[:3000]}"):
+        raise PageUnavailable(CHALLENGE_MESSAGE.format(upstream=upstream))
     if not page.text.strip():
         raise PageUnavailable(f"{upstream}: the page has no readable text")
     return page

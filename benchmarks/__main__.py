@@ -56,6 +56,12 @@ def show_tool_server(console: Console, results: dict[str, Any]) -> None:
         f"{results['group_calls_with_cache']} upstream calls with the cache, "
         f"{results['group_calls_without_cache']} without"
     )
+    big = results["big_page"]
+    console.print(
+        f"Re-opening a cached 9.6 MB page (40-word forbidden question): "
+        f"{big['reopen_p50_ms']} ms p50; /health meanwhile {big['health_p50_ms']} ms p50, "
+        f"{big['health_max_ms']} ms max"
+    )
 
 
 def show_reward_server(console: Console, results: dict[str, Any]) -> None:

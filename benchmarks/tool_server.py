@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,12 @@ SHARED_QUERIES = ("orrery of haldor", "ilse varen clockmaker", "vorn valley muse
 OWN_QUERIES_PER_SAMPLE = 2
 
 
+BIG_PAGE_URL = "https://bench.example/big"
+BIG_PAGE_PIECES = 700_000  # "wordN text" pieces: ~9.6 MB of text
+REOPENS = 20
+FORBIDDEN_QUESTION = " ".join(f"forbidden{i}" for i in range(40))
+
+
 def write_corpus(path: Path) -> None:
     docs = [
         {
@@ -35,6 +42,8 @@ def write_corpus(path: Path) -> None:
         }
         for i in range(200)
     ]
+    big = " ".join(f"word{i % 5000} text" for i in range(BIG_PAGE_PIECES))
+    docs.append({"url": BIG_PAGE_URL, "title": "Big page", "text": big})
     path.write_bytes(b"\n".join(orjson.dumps(d) for d in docs) + b"\n")
 
 
@@ -103,6 +112,43 @@ async def replay_group(base: str, upstream: str) -> int:
         return calls
 
 
+async def reopen_big_page(base: str) -> dict[str, float]:
+    """Re-open page 2 of a cached ~9.6 MB page (with a 40-word forbidden question, so the
+    leakage filter runs) while another client polls /health: what one large page costs the
+    sessions that share the server's event loop."""
+    body = {
+        "session_id": "big",
+        "name": "open",
+        "arguments": {"url": BIG_PAGE_URL, "page": 2},
+        "remote_env_info": {"forbidden_texts": [FORBIDDEN_QUESTION]},
+    }
+    opens: list[float] = []
+    health: list[float] = []
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        await client.post("/tool", json=body)  # fetch and cache it
+        done = asyncio.Event()
+
+        async def poll_health() -> None:
+            while not done.is_set():
+                started = time.perf_counter()
+                await client.get("/health")
+                health.append(time.perf_counter() - started)
+                await asyncio.sleep(0.005)
+
+        poller = asyncio.create_task(poll_health())
+        for _ in range(REOPENS):
+            started = time.perf_counter()
+            await client.post("/tool", json=body)
+            opens.append(time.perf_counter() - started)
+        done.set()
+        await poller
+    return {
+        "reopen_p50_ms": round(statistics.median(opens) * 1000, 1),
+        "health_p50_ms": round(statistics.median(health) * 1000, 1),
+        "health_max_ms": round(max(health) * 1000, 1),
+    }
+
+
 def run(seconds: int = 8) -> dict[str, Any]:
     if shutil.which("wrk") is None:
         raise RuntimeError("the tool-server benchmark needs wrk (apt-get install wrk)")
@@ -142,6 +188,7 @@ def run(seconds: int = 8) -> dict[str, Any]:
             ) as server:
                 base = f"http://127.0.0.1:{cached_port}"
                 results["group_calls_with_cache"] = asyncio.run(replay_group(base, upstream))
+                results["big_page"] = asyncio.run(reopen_big_page(base))
                 httpx.post(
                     f"{base}/tool",
                     json={

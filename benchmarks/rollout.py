@@ -11,13 +11,13 @@ import asyncio
 import os
 import tempfile
 import time
-from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import free_port, pinned, process, python_module
 from deepdive.clients import close_clients
 from deepdive.rollout import generate_with_tool
+from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample
 from tests.fake_sglang import ByteTokenizer
 
@@ -27,14 +27,14 @@ PROMPT = "<|im_start|>user\nWhich clockmaker built the silver orrery of Haldor?<
 
 
 async def run_rollouts(base: str, samples: int) -> tuple[float, float, list[LocalSample]]:
-    args = Namespace(
-        deepdive_sglang_url=base,
-        deepdive_tool_server_url=base,
-        deepdive_reward_server_url=base,
-        deepdive_tokenizer=ByteTokenizer(),
-        deepdive_max_turns=TURNS + 1,
-        rollout_max_context_len=1_000_000,
+    settings = RolloutSettings(
+        sglang_url=base,
+        tool_server_url=base,
+        reward_server_url=base,
+        max_turns=TURNS + 1,
+        max_context_tokens=1_000_000,
     )
+    args = rollout_args(settings, ByteTokenizer())
     batch = [LocalSample(prompt=PROMPT, label="Ilse Varen") for _ in range(samples)]
     started, cpu = time.perf_counter(), time.process_time()
     done = await asyncio.gather(

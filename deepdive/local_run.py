@@ -43,6 +43,7 @@ from deepdive.local_config import LocalRunConfig
 from deepdive.prompts import PromptSampler, read_prompt_rows, sample_from_row
 from deepdive.protocol import SYSTEM_PROMPTS
 from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.run_log import RunLog, plot_rewards
 from deepdive.sample import status_name
 from deepdive.trainer import Example, OptimizerSettings, PolicyTrainer
@@ -351,25 +352,25 @@ class LocalRun:
                 engine_server(model, tokenizer, config.rollout.max_batch)
             )
             self.say(f"services: tools {tools.url}, reward {reward.url}, engine {sglang}")
-            args = Namespace(
-                deepdive_sglang_url=sglang,
-                deepdive_tool_server_url=tools.url,
-                deepdive_reward_server_url=reward.url,
-                deepdive_tokenizer=tokenizer,
-                deepdive_max_turns=config.rollout.max_turns,
-                deepdive_on_malformed=config.rollout.on_malformed,
-                rollout_max_context_len=config.rollout.max_context_tokens,
+            settings = RolloutSettings(
+                sglang_url=sglang,
+                tool_server_url=tools.url,
+                reward_server_url=reward.url,
+                max_turns=config.rollout.max_turns,
+                max_context_tokens=config.rollout.max_context_tokens,
+                on_malformed=config.rollout.on_malformed,
             )
+            args = rollout_args(settings, tokenizer)
             evaluations = [Evaluation("held-out", args, eval_rows)]
             if unseen_rows:
                 unseen_tools = stack.enter_context(
                     tool_server(paths.unseen_world, paths.logs / "unseen_tool_server.log")
                 )
                 self.say(f"unseen world: {len(unseen_rows)} questions, tools {unseen_tools.url}")
-                unseen_args = Namespace(
-                    **{**vars(args), "deepdive_tool_server_url": unseen_tools.url}
+                unseen = dataclasses.replace(settings, tool_server_url=unseen_tools.url)
+                evaluations.append(
+                    Evaluation("unseen", rollout_args(unseen, tokenizer), unseen_rows)
                 )
-                evaluations.append(Evaluation("unseen", unseen_args, unseen_rows))
             summary = self._train(model, tokenizer, engine, train_rows, evaluations, resumed)
         summary["world"] = manifest
         summary["wall_s"] = round(time.monotonic() - started, 1)

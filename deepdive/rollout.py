@@ -20,11 +20,12 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from deepdive.clients import service_client
 from deepdive.protocol import (
+    BROWSING_TOOLS,
     FINISH,
     OBSERVATION_CLOSE,
     OBSERVATION_OPEN,
@@ -32,7 +33,7 @@ from deepdive.protocol import (
     ToolCall,
     find_tool_calls,
 )
-from deepdive.rollout_settings import RolloutSettings, settings_from_args
+from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.sample import status_name, status_of
 from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
 from services.http import Upstream, decode_json_object
@@ -45,7 +46,7 @@ _TOKENIZERS: dict[str, Any] = {}
 def tokenizer_for(args: Any) -> Any:
     """`args.deepdive_tokenizer` when set (the local backend, tests), else the HF tokenizer of
     `args.hf_checkpoint`, loaded once per process."""
-    given = getattr(args, "deepdive_tokenizer", None)
+    given = getattr(args, TOKENIZER_ARG, None)
     if given is not None:
         return given
     path = getattr(args, "hf_checkpoint", None)
@@ -195,6 +196,17 @@ async def call_tool(
         return f"The tool server could not run {call.name} ({error.message}). Try again or use another tool."
 
 
+_CLOSE_TIMEOUT_S = 5.0
+_CLOSE_SESSION = ToolCall("close_session")
+
+
+async def close_session(settings: RolloutSettings, session_id: str) -> None:
+    """Tell the tool server the episode is over, so its state goes now rather than at expiry.
+    Best effort and brief: a failure is logged by the client and never touches the sample."""
+    short = replace(settings, tool_timeout_s=min(settings.tool_timeout_s, _CLOSE_TIMEOUT_S))
+    await call_tool(short, session_id, _CLOSE_SESSION, {})
+
+
 async def generate_with_tool(
     args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Any:
@@ -280,6 +292,8 @@ async def generate_with_tool(
             stats.error = "context_limit"
             break
         trajectory.add_observation(ids, text)
+    if any(stats.tool_calls[name] for name in BROWSING_TOOLS):
+        await close_session(settings, session_id)
     return _finish_sample(sample, trajectory, prompt_text, session_id, status, stats, evaluation)
 
 

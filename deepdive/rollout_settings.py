@@ -1,20 +1,35 @@
-"""Every knob of the rollout, read once from slime's `args` and validated.
+"""Every knob of the rollout: written once (`RolloutSettings.as_args`), read once from slime's
+`args` (`settings_from_args`) and validated — the `deepdive_*` names live here and nowhere else.
 
-Inside slime the launcher writes our keys into a YAML file passed as `--custom-config-path`;
+Inside slime the launcher writes `as_args()` into a YAML file passed as `--custom-config-path`;
 slime sets each key on `args`, and the rollout (running in slime's Ray actors) reads them here.
-An environment variable is only a fallback, for running the hook by hand.
+The local backend passes the same keys on a Namespace. An environment variable is only a
+fallback, for running the hook by hand.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from argparse import Namespace
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from services.exceptions import ConfigError
 
 OnMalformed = Literal["fail", "continue"]
+
+# What slime is told to call: --custom-generate-function-path and --custom-rm-path.
+GENERATE_FUNCTION_PATH = "deepdive.rollout.generate_with_tool"
+REWARD_FUNCTION_PATH = "deepdive.rollout.reward_func"
+# The tokenizer object the local backend hands the rollout (slime's hook loads hf_checkpoint's).
+TOKENIZER_ARG = "deepdive_tokenizer"
+_PREFIX = "deepdive_"
+
+
+def arg_name(field: str) -> str:
+    """The attribute of slime's `args` (and key of the custom-config YAML) for one setting."""
+    return _PREFIX + field
 
 
 @dataclass(frozen=True)
@@ -53,26 +68,37 @@ class RolloutSettings:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"deepdive_{name}: expected a positive number, got {value!r}")
+                raise ConfigError(f"{arg_name(name)}: expected a positive number, got {value!r}")
         if self.on_malformed not in ("fail", "continue"):
             raise ConfigError(
-                f"deepdive_on_malformed: expected fail or continue, got {self.on_malformed!r}"
+                f"{arg_name('on_malformed')}: expected fail or continue, got {self.on_malformed!r}"
             )
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigError(
-                f"deepdive_retries: expected a whole number >= 0, got {self.retries!r}"
+                f"{arg_name('retries')}: expected a whole number >= 0, got {self.retries!r}"
             )
         for name in ("sglang_url", "tool_server_url", "reward_server_url"):
             url = getattr(self, name)
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"deepdive_{name}: expected an http(s) URL, got {url!r}")
+                raise ConfigError(f"{arg_name(name)}: expected an http(s) URL, got {url!r}")
+
+    def as_args(self) -> dict[str, Any]:
+        """Every setting under its `args` name: the custom-config YAML slime loads, or the
+        attributes of a Namespace; `settings_from_args` reads back exactly these settings."""
+        return {arg_name(item.name): getattr(self, item.name) for item in fields(self)}
 
 
 _DEFAULTS = RolloutSettings.__dataclass_fields__
 
 
+def rollout_args(settings: RolloutSettings, tokenizer: Any = None) -> Namespace:
+    """What slime's `args` holds for the hooks, for callers without slime (the local backend,
+    benchmarks, tests): the settings and, optionally, a tokenizer object."""
+    return Namespace(**settings.as_args(), **({TOKENIZER_ARG: tokenizer} if tokenizer else {}))
+
+
 def _value(args: Any, key: str, default: Any) -> Any:
-    value = getattr(args, f"deepdive_{key}", None)
+    value = getattr(args, arg_name(key), None)
     if value is None:
         value = os.environ.get(f"DEEPDIVE_{key.upper()}")
     if value is None:
@@ -82,7 +108,7 @@ def _value(args: Any, key: str, default: Any) -> Any:
         try:
             return kind(value)
         except ValueError:
-            raise ConfigError(f"deepdive_{key}: expected a number, got {value!r}") from None
+            raise ConfigError(f"{arg_name(key)}: expected a number, got {value!r}") from None
     return value
 
 

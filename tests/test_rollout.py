@@ -14,6 +14,7 @@ import pytest
 from deepdive.clients import close_clients
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool, observation_text, reward_func
+from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample, SampleStatus
 from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app as create_reward_app
@@ -61,15 +62,15 @@ def services(corpus_file: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def make_args(sglang: str, services: dict[str, str], **extra: Any) -> Namespace:
-    return Namespace(
-        deepdive_sglang_url=sglang,
-        deepdive_tool_server_url=services["tools"],
-        deepdive_reward_server_url=services["reward"],
-        deepdive_tokenizer=TOKENIZER,
-        deepdive_retries=0,
-        rollout_max_context_len=extra.pop("context", 100_000),
-        **{f"deepdive_{k}": v for k, v in extra.items()},
+    settings = RolloutSettings(
+        sglang_url=sglang,
+        tool_server_url=services["tools"],
+        reward_server_url=services["reward"],
+        retries=0,
+        max_context_tokens=extra.pop("context", 100_000),
+        **extra,
     )
+    return rollout_args(settings, TOKENIZER)
 
 
 def new_sample() -> LocalSample:
@@ -309,3 +310,33 @@ async def test_an_unreachable_reward_server_scores_zero_without_raising(
     args2 = make_args("http://127.0.0.1:9", {**services, "reward": "http://127.0.0.1:9"})
     assert await reward_func(args2, sample) == 0.0
     assert sample.metadata["reward_details"]["error"]["code"] == "upstream_unavailable"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "script",
+    [
+        [call("search", query="silver orrery Haldor"), call("finish", answer="Ilse Varen")],
+        [call("search", query="silver orrery Haldor"), "no call at all"],  # FAILED
+        [call("search", query="silver orrery Haldor")] * 3,  # TRUNCATED at max_turns
+    ],
+)
+async def test_an_episode_closes_its_tool_session_however_it_ends(
+    corpus_file: Path, tmp_path: Path, script: list[str]
+) -> None:
+    # Sessions used to end only by expiry (an hour), holding each trajectory's last results.
+    config = ToolServerConfig(corpus=corpus_file, index_cache_dir=tmp_path / "idx")
+    metrics = ServiceMetrics("tool")
+    search, reader = build_providers(config, metrics)
+    executor = ToolExecutor(config, search, reader, metrics)
+    with (
+        serve_in_thread(create_tool_app(executor, metrics)) as tools,
+        serve_in_thread(reward_app()) as reward,
+    ):
+        sample, _, _ = await rollout(
+            [ScriptedTurn(t) for t in script], {"tools": tools, "reward": reward}, max_turns=3
+        )
+    assert sample.metadata["deepdive"]["tool_calls"]["search"] >= 1
+    assert sample.session_id is not None
+    assert executor.sessions.latest_results(sample.session_id) is None
+    assert len(executor.sessions) == 0

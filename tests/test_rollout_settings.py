@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from argparse import Namespace
+from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from deepdive.rollout_settings import settings_from_args
+from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.rollout_settings import (
+    GENERATE_FUNCTION_PATH,
+    REWARD_FUNCTION_PATH,
+    RolloutSettings,
+    arg_name,
+    settings_from_args,
+)
 from services.exceptions import ConfigError
 
 
@@ -57,3 +68,35 @@ def test_settings_fall_back_to_slime_args_and_environment(monkeypatch: pytest.Mo
     )
     assert settings_from_args(args) is settings  # validated once
     assert json.dumps(settings.tool_server_url) == '"http://10.0.0.5:8700"'
+
+
+def test_the_custom_config_yaml_slime_loads_gives_back_the_same_settings(tmp_path: Path) -> None:
+    # slime/utils/arguments.py:2013-2019 (624b824): with --custom-config-path, slime reads the
+    # file with yaml.safe_load and setattr()s every key on args; the hook then reads them here.
+    written = RolloutSettings(
+        sglang_url="http://10.0.0.1:30000",
+        tool_server_url="http://10.0.0.1:8700",
+        reward_server_url="http://10.0.0.1:8701",
+        max_turns=12,
+        on_malformed="continue",
+        retries=0,
+    )
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(written.as_args()))
+    args = Namespace(custom_config_path=str(path))
+    for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+        setattr(args, key, value)
+    assert settings_from_args(args) == written
+    assert set(written.as_args()) == {arg_name(f.name) for f in fields(RolloutSettings)}
+
+
+@pytest.mark.parametrize(
+    ("path", "function"),
+    [(GENERATE_FUNCTION_PATH, generate_with_tool), (REWARD_FUNCTION_PATH, reward_func)],
+)
+def test_the_hook_paths_resolve_as_slime_loads_them(path: str, function: object) -> None:
+    # slime/utils/misc.py:39-47 (624b824): load_function rpartitions at the last dot, imports
+    # the module and takes the attribute; slime/rollout/sglang_rollout.py:252 and
+    # slime/rollout/rm_hub/__init__.py:61-62 call it with these paths.
+    module_path, _, attribute = path.rpartition(".")
+    assert getattr(importlib.import_module(module_path), attribute) is function

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,13 @@ import pytest
 from deepdive.local_config import LocalRunConfig, load_local_config
 from services.exceptions import ConfigError
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "configs" / "local.toml"
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -25,6 +32,25 @@ def test_the_shipped_config_loads() -> None:
     config = load_local_config(ROOT / "configs" / "local.toml")
     assert isinstance(config, LocalRunConfig)
     assert config.grpo.samples_per_prompt >= 2  # a group needs company to have an advantage
+
+
+def test_the_defaults_are_the_shipped_recipe() -> None:
+    """`deepdive run` without a file must train what configs/local.toml documents: one recipe,
+    not a file and a second, stale one in the dataclass defaults."""
+    assert load_local_config(SHIPPED) == LocalRunConfig()
+    assert load_local_config(None) == LocalRunConfig()
+
+
+def test_the_shipped_config_writes_out_every_field_of_every_table() -> None:
+    """A reader of configs/local.toml sees the whole recipe: no field is left to a default the
+    file does not show, and no key in it is one the loader would refuse."""
+    written = tomllib.loads(SHIPPED.read_text(encoding="utf-8"))
+    defaults = LocalRunConfig()
+    tables = {table.name: getattr(defaults, table.name) for table in fields(defaults)}
+    assert set(written) == set(tables)
+    for name, section in tables.items():
+        assert is_dataclass(section)
+        assert set(written[name]) == {item.name for item in fields(section)}, name
 
 
 def test_values_are_read_and_ints_count_as_floats(tmp_path: Path) -> None:

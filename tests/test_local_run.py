@@ -32,6 +32,7 @@ artifacts = 8
 train_questions = 16
 eval_questions = 4
 sft_questions = 16
+max_hops = 3
 [model]
 hidden = 32
 layers = 1
@@ -42,6 +43,7 @@ max_turns = 3
 max_response_tokens = 48
 max_context_tokens = 1536
 max_batch = 1
+temperature = 1.0
 [warm_start]
 epochs = 0.5
 batch_size = 4
@@ -49,17 +51,23 @@ copy_steps = 3
 copy_length = 8
 copy_batch = 4
 rename = 1.0
+lr = 3e-3
+observation_weight = 0.0
 [grpo]
 steps = 4
 prompts_per_step = 2
 samples_per_prompt = 4
 updates_per_step = 2
 kl_coef = 0.05
+lr = 1e-3
+per_token_loss = false
 [checkpoint]
 every = 2
 [eval]
 questions = 2
 unseen_questions = 2
+temperature = 0.0
+samples = 1
 """
 TIMINGS = {"rollout_s", "update_s", "sync_s"}
 

@@ -10,8 +10,7 @@ import asyncio
 import weakref
 
 from services.http import RetryPolicy, Upstream, UpstreamSettings
-from services.secrets import read_secret
-from services.web import TOKEN_ENV
+from services.secrets import TOKEN_ENV, read_secret
 
 # Clients belong to the event loop they were opened on; a finished loop takes its clients along.
 _CLIENTS: weakref.WeakKeyDictionary[

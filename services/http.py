@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import anyio
@@ -37,7 +37,9 @@ from services.exceptions import (
     UpstreamUnavailable,
 )
 from services.logs import log_event, redact, redact_third_party_loggers
-from services.metrics import ServiceMetrics
+
+if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus
+    from services.metrics import ServiceMetrics
 
 logger = logging.getLogger("deepdive.upstream")
 redact_third_party_loggers()

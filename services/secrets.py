@@ -13,6 +13,9 @@ from pathlib import Path
 from services.exceptions import ConfigError
 from services.logs import register_secret
 
+# The shared bearer token of our services (clients send it, servers require it when set).
+TOKEN_ENV = "DEEPDIVE_SERVICE_TOKEN"  # noqa: S105 (a variable name, not a secret)
+
 
 def load_env_file(path: str | Path) -> dict[str, str]:
     """Parse KEY=VALUE lines; refuse a file that group or others can read (mode must be 0600 or stricter)."""

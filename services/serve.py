@@ -19,8 +19,7 @@ from starlette.types import ASGIApp
 from services.connections import ConnectionLimits, ensure_fd_limit, protocol_class
 from services.exceptions import ConfigError
 from services.logs import configure_logging
-from services.secrets import apply_env_file, read_secret
-from services.web import TOKEN_ENV
+from services.secrets import TOKEN_ENV, apply_env_file, read_secret
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:

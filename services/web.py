@@ -25,10 +25,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.exceptions import InvalidJSON, PayloadTooLarge, RequestError
 from services.logs import log_event, redact_json
 from services.metrics import ServiceMetrics
+from services.secrets import TOKEN_ENV
 
 logger = logging.getLogger("deepdive.web")
-
-TOKEN_ENV = "DEEPDIVE_SERVICE_TOKEN"  # noqa: S105 (a variable name, not a secret)
 
 
 MISSING: Any = object()  # a field the client did not send, told apart from an explicit null

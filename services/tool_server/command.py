@@ -9,13 +9,13 @@ from pathlib import Path
 
 from services.http import UpstreamSettings
 from services.metrics import ServiceMetrics
+from services.secrets import TOKEN_ENV
 from services.serve import add_server_arguments, announcer, bind, connection_limits, prepare, serve
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import READER_BACKENDS, SEARCH_BACKENDS, ToolServerConfig
 from services.tool_server.tools import ToolExecutor
-from services.web import TOKEN_ENV
 
 DEFAULT_PORT = 8700
 

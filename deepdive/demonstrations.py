@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from deepdive.protocol import FINISH, SYSTEM_PROMPT, format_tool_call
-from deepdive.rollout import observation_text
+from deepdive.protocol import FINISH, SYSTEM_PROMPT, format_observation, format_tool_call
 from deepdive.world import Question, World, describe, name_words
 from services.tool_server.corpus import CorpusIndex, Document
 from services.tool_server.formatting import format_page, format_results, split_pages
@@ -67,12 +66,12 @@ class Demonstrator:
             observation, found = self._search(query)
             call = format_tool_call("search", {"query": query, "num": RESULTS_PER_SEARCH})
             segments.append(Segment("model", f"{thought}\n{call}"))
-            segments.append(Segment("observation", observation_text(observation)))
+            segments.append(Segment("observation", format_observation(observation)))
             rank = next((i for i, doc in enumerate(found, start=1) if doc.title == name), None)
             if rank is None:
                 return None
             segments.append(Segment("model", format_tool_call("click", {"link_id": rank})))
-            segments.append(Segment("observation", observation_text(self._page(found[rank - 1]))))
+            segments.append(Segment("observation", format_observation(self._page(found[rank - 1]))))
         final = f"The answer is {question.answer}.\n" + format_tool_call(
             FINISH, {"answer": question.answer}
         )

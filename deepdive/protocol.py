@@ -308,4 +308,6 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
 
 
 def format_observation(text: str) -> str:
-    return f"{OBSERVATION_OPEN}{text}{OBSERVATION_CLOSE}"
+    """Tool output as the model reads it after its call, in the rollout and in demonstrations
+    alike (and as the reward server rebuilds a DeepDive history)."""
+    return f"\n{OBSERVATION_OPEN}\n{text}\n{OBSERVATION_CLOSE}\n"

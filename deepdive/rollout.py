@@ -27,11 +27,10 @@ from deepdive.clients import service_client
 from deepdive.protocol import (
     BROWSING_TOOLS,
     FINISH,
-    OBSERVATION_CLOSE,
-    OBSERVATION_OPEN,
     TOOL_CALL_CLOSE,
     ToolCall,
     find_tool_calls,
+    format_observation,
 )
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.sample import status_name, status_of
@@ -80,10 +79,6 @@ def render_prompt(sample: Any, tokenizer: Any) -> str:
 def remote_env_info(sample: Any) -> dict[str, Any]:
     env = (sample.metadata or {}).get("remote_env_info") or {}
     return env if isinstance(env, dict) else {}
-
-
-def observation_text(observation: str) -> str:
-    return f"\n{OBSERVATION_OPEN}\n{observation}\n{OBSERVATION_CLOSE}\n"
 
 
 @dataclass
@@ -286,7 +281,7 @@ async def generate_with_tool(
             started = time.monotonic()
             observation = await call_tool(settings, session_id, found.call, env)
             stats.tool_s += time.monotonic() - started
-        text = observation_text(observation)
+        text = format_observation(observation)
         ids = list(tokenizer.encode(text, add_special_tokens=False))
         if trajectory.length + len(ids) >= settings.max_context_tokens:
             stats.error = "context_limit"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from deepdive.clients import close_clients
-from deepdive.protocol import format_tool_call
-from deepdive.rollout import generate_with_tool, observation_text, reward_func
+from deepdive.protocol import format_observation, format_tool_call
+from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample, SampleStatus
 from services.metrics import ServiceMetrics
@@ -193,7 +193,7 @@ async def test_a_malformed_call_can_be_shown_to_the_model_instead(services: dict
     )
     assert sample.status is SampleStatus.COMPLETED and len(fake.requests) == 2
     assert (
-        observation_text(
+        format_observation(
             "Invalid tool call: the tool call is not valid JSON. Call exactly one of search, click, open or finish."
         )
         in sample.response

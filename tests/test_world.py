@@ -16,8 +16,7 @@ import pytest
 
 from deepdive.command import write_world
 from deepdive.convert import convert
-from deepdive.protocol import find_tool_calls
-from deepdive.rollout import observation_text
+from deepdive.protocol import find_tool_calls, format_observation
 from deepdive.world import (
     WorldSizes,
     corpus,
@@ -165,7 +164,7 @@ def test_demonstration_observations_are_what_the_tool_server_answers(
                     "/tool",
                     json={"session_id": demo["id"], "name": call.name, "arguments": arguments},
                 )
-                assert observation_text(reply.json()["observation"]) == observation["text"]
+                assert format_observation(reply.json()["observation"]) == observation["text"]
 
 
 def test_demonstrations_can_come_from_other_worlds_only(world_dir: Path, tmp_path: Path) -> None:

@@ -292,6 +292,7 @@ def run_engine(args: argparse.Namespace) -> None:
     """`deepdive serve engine`: SGLang's /generate for a local model, on CPU (or one GPU)."""
     from deepdive.engine import LocalEngine, create_engine_app
     from deepdive.local_model import load_model
+    from services.metrics import ServiceMetrics
     from services.serve import announcer, bind, connection_limits, prepare, serve
 
     token = prepare(args)
@@ -301,9 +302,14 @@ def run_engine(args: argparse.Namespace) -> None:
         )
     sock = bind(args.host, args.port)
     model, tokenizer = load_model(args.model)
-    app = create_engine_app(LocalEngine(model, tokenizer, max_batch=args.max_batch))
+    app = create_engine_app(
+        LocalEngine(model, tokenizer, max_batch=args.max_batch),
+        metrics=ServiceMetrics("engine"),
+        token=token,  # bearer auth on all but /health, as every other service
+    )
     examples = [
-        'try: curl -s -X POST {base}/generate -d \'{{"input_ids": [1, 2, 3], "sampling_params": {{"max_new_tokens": 8}}}}\''
+        "try: curl -s{auth} -X POST {base}/generate -H 'Content-Type: application/json' "
+        '-d \'{{"input_ids": [1, 2, 3], "sampling_params": {{"max_new_tokens": 8}}}}\''
     ]
     serve(
         app,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,20 @@ torch = pytest.importorskip("torch")
 
 from deepdive.clients import close_clients  # noqa: E402
 from deepdive.command import write_world  # noqa: E402
-from deepdive.engine import GenerationRequest, LocalEngine, create_engine_app  # noqa: E402
+from deepdive.engine import (  # noqa: E402
+    GenerationRequest,
+    GenerationResult,
+    LocalEngine,
+    create_engine_app,
+)
 from deepdive.local_model import new_model, train_tokenizer  # noqa: E402
 from deepdive.protocol import TOOL_CALL_CLOSE  # noqa: E402
 from deepdive.rollout import generate_with_tool  # noqa: E402
+from deepdive.rollout_settings import RolloutSettings, rollout_args  # noqa: E402
 from deepdive.sample import LocalSample  # noqa: E402
 from deepdive.world import WorldSizes  # noqa: E402
+from services.metrics import ServiceMetrics  # noqa: E402
+from services.secrets import TOKEN_ENV  # noqa: E402
 from tests.conftest import serve_in_thread  # noqa: E402
 
 
@@ -138,7 +145,170 @@ def test_the_http_contract_and_batching(engine: LocalEngine) -> None:
         assert engine.tokenizer.decode([p[1] for p in pairs]) == first["text"]
         assert first["meta_info"]["finish_reason"]["type"] in ("stop", "length")
         bad = httpx.post(f"{base}/generate", json={"input_ids": []})
-        assert bad.status_code == 400 and "input_ids" in bad.json()["error"]["message"]
+        assert bad.status_code == 422 and "input_ids" in bad.json()["error"]["message"]
+
+
+TOKEN = "engine-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def generate_body(engine: LocalEngine, **params: Any) -> dict[str, Any]:
+    return {
+        "input_ids": prompt_ids(engine),
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0, **params},
+    }
+
+
+def test_generate_needs_the_token_and_the_probes_answer(engine: LocalEngine) -> None:
+    """With a token the engine is a service like the others: /generate, /ready and /metrics
+    want the bearer token, /health does not, and every generate call is counted."""
+    metrics = ServiceMetrics("engine")
+    with serve_in_thread(create_engine_app(engine, metrics=metrics, token=TOKEN)) as base:
+        body = generate_body(engine)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            refused = httpx.post(f"{base}/generate", json=body, headers=headers, timeout=60)
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "unauthorized"
+        reply = httpx.post(f"{base}/generate", json=body, headers=AUTH, timeout=60)
+        assert reply.status_code == 200 and reply.json()["meta_info"]["completion_tokens"] > 0
+        assert httpx.get(f"{base}/health").status_code == 200
+        assert httpx.get(f"{base}/ready").status_code == 401
+        ready = httpx.get(f"{base}/ready", headers=AUTH)
+        assert ready.status_code == 200 and ready.json()["status"] == "ready"
+        assert ready.json()["max_batch"] == engine.max_batch
+        assert httpx.get(f"{base}/metrics").status_code == 401
+        bad = httpx.post(f"{base}/generate", json={"input_ids": "1 2"}, headers=AUTH)
+        assert bad.status_code == 422
+        exposition = httpx.get(f"{base}/metrics", headers=AUTH).text
+    assert 'deepdive_engine_requests_total{operation="generate",outcome="ok"} 1.0' in exposition
+    assert (
+        'deepdive_engine_requests_total{operation="generate",outcome="invalid_request"} 1.0'
+        in exposition
+    )
+    assert 'deepdive_engine_request_latency_seconds_count{operation="generate"} 2.0' in exposition
+
+
+MALFORMED: list[tuple[bytes, str]] = [
+    (b"", "empty"),
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2]", "JSON object"),
+    (b'{"sampling_params": {}}', "input_ids"),
+    (b'{"input_ids": []}', "input_ids"),
+    (b'{"input_ids": [1, "2"]}', "input_ids"),
+    (b'{"input_ids": [1, true]}', "input_ids"),
+    (b'{"input_ids": [1, 2.5]}', "input_ids"),
+    (b'{"input_ids": [-1]}', "input_ids"),
+    (b'{"input_ids": [1000000000]}', "input_ids"),
+    (b'{"input_ids": [1], "sampling_params": "greedy"}', "sampling_params"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": "many"}}', "max_new_tokens"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": null}}', "max_new_tokens"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}', "max_new_tokens"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 2.5}}', "max_new_tokens"),
+    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": true}}', "max_new_tokens"),
+    (b'{"input_ids": [1], "sampling_params": {"temperature": "hot"}}', "temperature"),
+    (b'{"input_ids": [1], "sampling_params": {"temperature": -0.5}}', "temperature"),
+    (b'{"input_ids": [1], "sampling_params": {"top_p": 0}}', "top_p"),
+    (b'{"input_ids": [1], "sampling_params": {"top_p": 1.5}}', "top_p"),
+    (b'{"input_ids": [1], "sampling_params": {"top_p": [1]}}', "top_p"),
+    (b'{"input_ids": [1], "sampling_params": {"stop": 5}}', "stop"),
+    (b'{"input_ids": [1], "sampling_params": {"stop": ["a", 1]}}', "stop"),
+    (b'{"input_ids": [1], "sampling_params": {"stop_token_ids": "12"}}', "stop_token_ids"),
+    (b'{"input_ids": [1], "sampling_params": {"stop_token_ids": [1.5]}}', "stop_token_ids"),
+    (b'{"input_ids": [1], "sampling_params": {"sampling_seed": "x"}}', "sampling_seed"),
+    (b'{"input_ids": [1], "sampling_params": {"sampling_seed": -3}}', "sampling_seed"),
+]
+
+
+def test_malformed_bodies_are_4xx_naming_the_field(engine: LocalEngine) -> None:
+    """Every malformed body is refused before it reaches a batch: a 4xx whose error names the
+    field (a JSON error for a body that is not JSON), never a 500 or a traceback."""
+    with serve_in_thread(create_engine_app(engine)) as base, httpx.Client(base_url=base) as client:
+        for raw, field in MALFORMED:
+            reply = client.post(
+                "/generate", content=raw, headers={"Content-Type": "application/json"}
+            )
+            assert 400 <= reply.status_code < 500, (raw, reply.status_code, reply.text)
+            error = reply.json()["error"]
+            assert error["code"] in ("invalid_request", "invalid_json"), (raw, error)
+            assert field in error["message"], (raw, error)
+            assert "Traceback" not in reply.text
+        reply = client.post("/generate", json=generate_body(engine, stop=""), timeout=60)
+        assert reply.status_code == 200 and reply.json()["meta_info"]["completion_tokens"] == 4
+
+
+def test_a_bad_request_never_fails_the_requests_batched_with_it(engine: LocalEngine) -> None:
+    """A request the model cannot run (an unknown token id, a seed torch refuses) used to join a
+    batch and fail it whole: its neighbours got a 500 for someone else's mistake."""
+    good = generate_body(engine)
+    bad_id = {**good, "input_ids": [*good["input_ids"], 10**6]}
+    bad_seed = generate_body(engine, sampling_seed="seven")
+
+    async def together() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            return await asyncio.gather(
+                *(client.post("/generate", json=body) for body in (good, bad_id, bad_seed, good))
+            )
+
+    with serve_in_thread(create_engine_app(engine)) as base:
+        replies = asyncio.run(together())
+    assert [r.status_code for r in replies] == [200, 422, 422, 200]
+    assert replies[0].json()["text"] == replies[3].json()["text"]
+
+
+class BrokenModel:
+    """A model whose forward pass fails, as an out-of-memory GPU or a bad checkpoint would."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.embed = torch.nn.Embedding(vocab_size, 4)
+
+    def get_input_embeddings(self) -> Any:
+        return self.embed
+
+    def parameters(self) -> Any:
+        return self.embed.parameters()
+
+    def __call__(self, **_: Any) -> Any:
+        raise RuntimeError("CUDA out of memory at /secret/weights/path")
+
+
+def test_an_engine_failure_is_a_generic_500_and_the_engine_keeps_serving(
+    engine: LocalEngine,
+) -> None:
+    """A failed forward pass answers 500 without internals, is counted, and leaves the batching
+    loop serving (ready), so the next request gets its own answer."""
+    broken = LocalEngine(BrokenModel(len(engine.tokenizer)), engine.tokenizer, batch_window_s=0)
+    metrics = ServiceMetrics("engine")
+    with serve_in_thread(create_engine_app(broken, metrics=metrics)) as base:
+        for _ in range(2):
+            reply = httpx.post(f"{base}/generate", json=generate_body(engine), timeout=60)
+            assert reply.status_code == 500
+            assert reply.json() == {
+                "error": {"code": "internal_error", "message": "internal server error"}
+            }
+        ready = httpx.get(f"{base}/ready")
+        exposition = httpx.get(f"{base}/metrics").text
+    assert ready.status_code == 200, ready.text
+    assert (
+        'deepdive_engine_requests_total{operation="generate",outcome="internal_error"} 2.0'
+        in exposition
+    )
+
+
+def test_shutdown_fails_waiting_requests_and_the_engine_serves_again(engine: LocalEngine) -> None:
+    """The server's shutdown (`aclose`) answers a request still waiting for its batch with an
+    error instead of leaving it hanging, and a later request starts a new batching loop."""
+    request = GenerationRequest(prompt_ids(engine), 4, temperature=0)
+
+    async def shut_down_then_serve() -> GenerationResult:
+        waiting = asyncio.ensure_future(engine.generate(request))
+        await asyncio.sleep(0)  # queued, inside the batching window
+        await engine.aclose()
+        with pytest.raises(RuntimeError, match="engine"):
+            await asyncio.wait_for(waiting, timeout=30)
+        assert engine.not_ready_reasons() == {}
+        return await asyncio.wait_for(engine.generate(request), timeout=60)
+
+    assert asyncio.run(shut_down_then_serve()).ids == engine.generate_batch([request])[0].ids
 
 
 def test_weight_updates_change_the_policy(engine: LocalEngine) -> None:
@@ -167,14 +337,14 @@ async def test_the_rollout_runs_on_the_engine_with_a_real_tokenizer(
         serve_in_thread(tool_app(corpus_file, tmp_path)) as tools,
         serve_in_thread(reward_app()) as reward,
     ):
-        args = Namespace(
-            deepdive_sglang_url=sglang,
-            deepdive_tool_server_url=tools,
-            deepdive_reward_server_url=reward,
-            deepdive_tokenizer=engine.tokenizer,
-            deepdive_max_turns=3,
-            rollout_max_context_len=2048,
+        settings = RolloutSettings(
+            sglang_url=sglang,
+            tool_server_url=tools,
+            reward_server_url=reward,
+            max_turns=3,
+            max_context_tokens=2048,
         )
+        args = rollout_args(settings, engine.tokenizer)
         messages = [{"role": "user", "content": "Who made the silver lute?"}]
         sample = LocalSample(prompt=messages, label="x")
         sample = await generate_with_tool(args, sample, {"max_new_tokens": 64, "temperature": 1.0})
@@ -200,9 +370,16 @@ def prompt_ids_for(engine: LocalEngine, messages: list[dict[str, str]]) -> list[
     return ids
 
 
-def test_serve_engine_command_serves_a_saved_model(engine: LocalEngine, tmp_path: Path) -> None:
+def test_serve_engine_command_serves_a_saved_model_behind_the_token(
+    engine: LocalEngine, tmp_path: Path
+) -> None:
+    """`deepdive serve engine --host 0.0.0.0` with the service token set: /generate refuses a
+    client without it, answers one with it (the same ids as the engine in this process), and
+    /ready and /metrics, which the start-up line advertises, answer."""
+    import os
     import subprocess
     import sys
+    import time
 
     from tests.test_cli import DEEPDIVE
 
@@ -210,42 +387,42 @@ def test_serve_engine_command_serves_a_saved_model(engine: LocalEngine, tmp_path
     engine.model.save_pretrained(folder)
     engine.tokenizer.save_pretrained(folder)
     process = subprocess.Popen(
-        [*DEEPDIVE, "serve", "engine", "--model", str(folder), "--port", "0"],
+        [*DEEPDIVE, "serve", "engine", "--model", str(folder), "--host", "0.0.0.0", "--port", "0"],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, TOKEN_ENV: TOKEN},
     )
     try:
         assert process.stderr is not None
-        base = None
+        announced = ""
         for _ in range(200):
             line = process.stderr.readline()
-            if "listening on" in line:
-                base = line.split("listening on ")[1].split()[0]
+            announced += line
+            if "listening on" in line or not line:
                 break
-        assert base is not None
+        port = announced.split("listening on ")[1].split()[0].rsplit(":", 1)[1]
+        base = f"http://127.0.0.1:{port}"
         for _ in range(200):
             try:
                 if httpx.get(f"{base}/health").status_code == 200:
                     break
             except httpx.TransportError:
-                import time
-
                 time.sleep(0.05)
-        reply = httpx.post(
-            f"{base}/generate",
-            json={
-                "input_ids": prompt_ids(engine),
-                "sampling_params": {"max_new_tokens": 4, "temperature": 0},
-            },
-            timeout=60,
+        body = generate_body(engine)
+        refused = httpx.post(f"{base}/generate", json=body, timeout=60)
+        assert refused.status_code == 401, refused.text
+        reply = httpx.post(f"{base}/generate", json=body, headers=AUTH, timeout=60)
+        expected = engine.generate_batch([GenerationRequest(prompt_ids(engine), 4, temperature=0)])
+        assert [p[1] for p in reply.json()["meta_info"]["output_token_logprobs"]] == expected[0].ids
+        assert httpx.get(f"{base}/ready", headers=AUTH).json()["status"] == "ready"
+        metrics = httpx.get(f"{base}/metrics", headers=AUTH)
+        assert 'deepdive_engine_requests_total{operation="generate",outcome="ok"} 1.0' in (
+            metrics.text
         )
-        expected = engine.generate_batch([GenerationRequest(prompt_ids(engine), 4, temperature=0)])[
-            0
-        ]
-        assert [p[1] for p in reply.json()["meta_info"]["output_token_logprobs"]] == expected.ids
     finally:
         process.terminate()
-        process.communicate(timeout=20)  # reads and closes stderr
+        _, rest = process.communicate(timeout=20)  # reads and closes stderr
+    assert "Traceback" not in announced + rest
     missing = subprocess.run(
         [sys.executable, "-m", "slurm.cli", "serve", "engine", "--model", str(tmp_path / "nope")],
         capture_output=True,

@@ -13,10 +13,10 @@ from typing import Any
 def run(new_tokens: int = 64) -> dict[str, Any]:
     import torch
 
-    from deepdive.command import write_world
-    from deepdive.engine import GenerationRequest, LocalEngine
-    from deepdive.local_model import new_model, train_tokenizer
-    from deepdive.world import WorldSizes
+    from deepdive.local.engine import GenerationRequest, LocalEngine
+    from deepdive.local.model import new_model, train_tokenizer
+    from deepdive.offline.build import write_world
+    from deepdive.offline.world import WorldSizes
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deepdive import command as deepdive_command
+from deepdive.local import command as local_command
+from deepdive.offline import command as world_command
 from services.exceptions import ConfigError, ServiceError
 from services.reward_server import command as reward_server_command
 from services.tool_server import command as tool_server_command
@@ -30,15 +32,15 @@ COMMANDS: list[Subcommand] = [
         "world",
         "generate the offline world: corpus, questions, demonstrations",
         "Generate a fictional world (deterministic by seed) for runs without internet.",
-        deepdive_command.add_world_arguments,
-        deepdive_command.run_world,
+        world_command.add_world_arguments,
+        world_command.run_world,
     ),
     (
         "run",
         "train on this machine: world, services, warm start, GRPO, evaluation",
         "Run the whole pipeline locally (no GPU, keys or cluster); resumes from its checkpoints.",
-        deepdive_command.add_run_arguments,
-        deepdive_command.run_local,
+        local_command.add_run_arguments,
+        local_command.run_local,
     ),
 ]
 SERVICES: list[Subcommand] = [
@@ -60,8 +62,8 @@ SERVICES: list[Subcommand] = [
         "engine",
         "the local inference engine (SGLang's /generate for a local model)",
         "Serve a local Hugging Face causal LM with SGLang's /generate API, batched.",
-        deepdive_command.add_engine_arguments,
-        deepdive_command.run_engine,
+        local_command.add_engine_arguments,
+        local_command.run_engine,
     ),
 ]
 

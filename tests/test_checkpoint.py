@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from deepdive.checkpoint import (  # noqa: E402
+from deepdive.local.checkpoint import (  # noqa: E402
     META_FILE,
     STATE_FILE,
     checkpoints,
@@ -27,8 +27,8 @@ from deepdive.checkpoint import (  # noqa: E402
     rng_state,
     save_checkpoint,
 )
-from deepdive.prompts import PromptSampler  # noqa: E402
-from deepdive.run_log import RunLog, plot_rewards  # noqa: E402
+from deepdive.local.prompts import PromptSampler  # noqa: E402
+from deepdive.local.run_log import RunLog, plot_rewards  # noqa: E402
 
 
 def test_save_and_load_round_trip_with_rng(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def _skipped(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "deepdive.checkpoint" and r.levelno == logging.WARNING
+        if r.name == "deepdive.local.checkpoint" and r.levelno == logging.WARNING
         if r.getMessage().startswith("checkpoint_skipped ")
     ]
 
@@ -98,7 +98,7 @@ def test_load_latest_skips_a_broken_newest_checkpoint_and_says_why(
 ) -> None:
     save_checkpoint(tmp_path, 1, {"value": 1})
     damage(save_checkpoint(tmp_path, 2, {"value": 2}))
-    with caplog.at_level(logging.WARNING, logger="deepdive.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="deepdive.local.checkpoint"):
         assert load_latest(tmp_path) == (1, {"value": 1})
     (line,) = _skipped(caplog)
     assert f"folder={tmp_path / 'step-000002'}" in line and reason in line
@@ -117,7 +117,7 @@ def test_a_kill_between_the_renames_of_a_rewrite_keeps_the_step(
     (tmp_path / "step-000003").rename(tmp_path / "step-000003.aside-4242-0a1b2c3d")
     save_checkpoint(tmp_path / "other", 3, {"value": 32}).rename(tmp_path / "step-000003.tmp-4242")
     (tmp_path / "other").rmdir()
-    with caplog.at_level(logging.WARNING, logger="deepdive.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="deepdive.local.checkpoint"):
         assert load_latest(tmp_path) == (3, {"value": 31})
     assert _skipped(caplog) == []  # nothing newer was tried
     save_checkpoint(tmp_path, 4, {"value": 40}, keep=1)
@@ -152,7 +152,7 @@ from pathlib import Path
 
 import torch
 
-from deepdive.checkpoint import load_latest, save_checkpoint
+from deepdive.local.checkpoint import load_latest, save_checkpoint
 
 folder, progress, size = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 

@@ -14,19 +14,19 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from deepdive.clients import close_clients  # noqa: E402
-from deepdive.command import write_world  # noqa: E402
-from deepdive.engine import (  # noqa: E402
+from deepdive.local.engine import (  # noqa: E402
     GenerationRequest,
     GenerationResult,
     LocalEngine,
     create_engine_app,
 )
-from deepdive.local_model import new_model, train_tokenizer  # noqa: E402
+from deepdive.local.model import new_model, train_tokenizer  # noqa: E402
+from deepdive.offline.build import write_world  # noqa: E402
+from deepdive.offline.world import WorldSizes  # noqa: E402
 from deepdive.protocol import TOOL_CALL_CLOSE  # noqa: E402
 from deepdive.rollout import generate_with_tool  # noqa: E402
 from deepdive.rollout_settings import RolloutSettings, rollout_args  # noqa: E402
 from deepdive.sample import LocalSample  # noqa: E402
-from deepdive.world import WorldSizes  # noqa: E402
 from services.metrics import ServiceMetrics  # noqa: E402
 from services.secrets import TOKEN_ENV  # noqa: E402
 from tests.conftest import serve_in_thread  # noqa: E402
@@ -67,7 +67,7 @@ def test_logprobs_equal_a_separate_forward_pass(engine: LocalEngine, temperature
     )[:, 0]
     assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
     # and the trainer's own scoring function, on a padded batch next to a longer sequence
-    from deepdive.grpo import token_logprobs
+    from deepdive.local.grpo import token_logprobs
 
     with torch.no_grad():
         scored = token_logprobs(

@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from deepdive.engine import GenerationRequest, LocalEngine  # noqa: E402
-from deepdive.grpo import group_advantages, grpo_loss, low_var_kl, token_logprobs  # noqa: E402
-from deepdive.local_model import new_model, train_tokenizer  # noqa: E402
-from deepdive.trainer import Example, OptimizerSettings, PolicyTrainer  # noqa: E402
+from deepdive.local.engine import GenerationRequest, LocalEngine  # noqa: E402
+from deepdive.local.grpo import group_advantages, grpo_loss, low_var_kl, token_logprobs  # noqa: E402
+from deepdive.local.model import new_model, train_tokenizer  # noqa: E402
+from deepdive.local.trainer import Example, OptimizerSettings, PolicyTrainer  # noqa: E402
 
 
 def test_group_advantages_by_hand() -> None:
@@ -98,7 +98,7 @@ def test_a_fully_masked_example_changes_no_weight(tokenizer: Any) -> None:
     example = Example(list(range(5, 15)), 4, [0] * 6)
     trainer.model.train()
     logprobs = token_logprobs(model, [example.tokens], tokenizer.pad_token_id)
-    from deepdive.trainer import response_tensor
+    from deepdive.local.trainer import response_tensor
 
     mask = response_tensor([example], len(example.tokens), lambda e: e.loss_mask)
     (logprobs * mask).sum().backward()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deepdive.local_config import LocalRunConfig, load_local_config
+from deepdive.local.config import LocalRunConfig, load_local_config
 from services.exceptions import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -137,7 +137,8 @@ def test_overrides_from_the_command_line(tmp_path: Path) -> None:
 def test_a_world_too_small_for_the_warm_start_is_an_error_before_training(tmp_path: Path) -> None:
     """The held-out and RL questions take the whole question space of this world: no question
     is left to demonstrate, which would otherwise be a warm start of zero steps."""
-    from deepdive.local_run import RunPaths, prepare_data
+    from deepdive.local.data import prepare_data
+    from deepdive.local.paths import RunPaths
 
     sizes = "people = 6\ncities = 3\nguilds = 2\nartifacts = 4\nmax_hops = 1\n"
     text = f"[world]\n{sizes}eval_questions = 10\ntrain_questions = 1000\n"

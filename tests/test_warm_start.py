@@ -10,11 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from deepdive.command import write_world  # noqa: E402
-from deepdive.grpo import token_logprobs  # noqa: E402
-from deepdive.local_model import new_model, train_tokenizer  # noqa: E402
-from deepdive.trainer import OptimizerSettings, PolicyTrainer  # noqa: E402
-from deepdive.warm_start import (  # noqa: E402
+from deepdive.local.grpo import token_logprobs  # noqa: E402
+from deepdive.local.model import new_model, train_tokenizer  # noqa: E402
+from deepdive.local.trainer import OptimizerSettings, PolicyTrainer  # noqa: E402
+from deepdive.local.warm_start import (  # noqa: E402
     DemonstrationExamples,
     copy_example,
     copy_warm_up,
@@ -22,7 +21,8 @@ from deepdive.warm_start import (  # noqa: E402
     read_demonstrations,
     renamed,
 )
-from deepdive.world import WorldSizes  # noqa: E402
+from deepdive.offline.build import write_world  # noqa: E402
+from deepdive.offline.world import WorldSizes  # noqa: E402
 
 ROW: dict[str, Any] = {
     "id": "q1",
@@ -170,7 +170,7 @@ def test_the_copy_warm_up_teaches_a_fresh_model_to_copy(tokenizer: Any) -> None:
 def test_a_name_is_the_same_tokens_on_the_page_in_the_thought_and_in_the_call(
     demonstrations: list[dict[str, Any]],
 ) -> None:
-    """So reading the answer off the page is a token-for-token copy (deepdive.local_model)."""
+    """So reading the answer off the page is a token-for-token copy (deepdive.local.model)."""
     texts = [row["response"] for row in demonstrations]
     tokenizer = train_tokenizer(texts * 3, vocab_size=1024)
     for row in demonstrations:

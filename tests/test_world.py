@@ -14,10 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from deepdive.command import write_world
 from deepdive.convert import convert
-from deepdive.protocol import find_tool_calls, format_observation
-from deepdive.world import (
+from deepdive.offline.build import write_world
+from deepdive.offline.world import (
     WorldSizes,
     corpus,
     demonstration_world_seeds,
@@ -26,6 +25,7 @@ from deepdive.world import (
     generate_world,
     name_words,
 )
+from deepdive.protocol import find_tool_calls, format_observation
 from services.metrics import ServiceMetrics
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.models import EvaluationRequest

@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
+from deepdive.local.trainer import Example, PolicyTrainer
 from deepdive.protocol import SYSTEM_PROMPT
-from deepdive.trainer import Example, PolicyTrainer
 
 
 def read_demonstrations(path: Path) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
-from deepdive.world import WorldSizes
+from deepdive.offline.world import WorldSizes
 from services.exceptions import ConfigError
 from services.typed_config import load_toml
 
@@ -42,7 +42,7 @@ class RunSection:
 
 @dataclass(frozen=True)
 class WorldSection(WorldSizes):
-    """The world's sizes (deepdive.world.WorldSizes: people, cities, guilds, artifacts,
+    """The world's sizes (deepdive.offline.world.WorldSizes: people, cities, guilds, artifacts,
     train_questions, eval_questions, max_hops, sft_questions, sft_worlds) and its seed.
 
     The sizes are redeclared with the recipe's values: WorldSizes' own defaults serve
@@ -121,7 +121,7 @@ class RolloutSection:
 class WarmStartSection:
     """Supervised steps on demonstrations.jsonl: loss on the model's segments, and on the
     observations weighted by `observation_weight`; `rename` of the demonstrations shown with
-    other names; first, `copy_steps` steps of a synthetic copy task (see deepdive.warm_start
+    other names; first, `copy_steps` steps of a synthetic copy task (see deepdive.local.warm_start
     for why: a policy from random weights memorises facts instead of reading pages)."""
 
     epochs: float = 6.0

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deepdive.grpo import grpo_loss, masked_sample_mean, token_logprobs
+from deepdive.local.grpo import grpo_loss, masked_sample_mean, token_logprobs
 
 
 @dataclass

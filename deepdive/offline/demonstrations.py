@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from deepdive.offline.world import Question, World, describe, name_words
 from deepdive.protocol import FINISH, SYSTEM_PROMPT, format_observation, format_tool_call
-from deepdive.world import Question, World, describe, name_words
 from services.tool_server.corpus import CorpusIndex, Document
 from services.tool_server.formatting import format_page, format_results, split_pages
 from services.tool_server.models import Page, SearchResult
@@ -82,7 +82,7 @@ class Demonstrator:
 def demonstration_row(
     question: Question, segments: list[Segment], names: list[str]
 ) -> dict[str, Any]:
-    """`names`: the name words the trajectory mentions, for deepdive.warm_start.renamed."""
+    """`names`: the name words the trajectory mentions, for deepdive.local.warm_start.renamed."""
     return {
         "id": question.id,
         "messages": [

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deepdive.grpo import scoring_temperature
+from deepdive.local.grpo import scoring_temperature
 from services.exceptions import RequestError
 from services.logs import log_event
 from services.metrics import ServiceMetrics
@@ -45,7 +45,7 @@ from services.web import (
     service_app,
 )
 
-logger = logging.getLogger("deepdive.engine")
+logger = logging.getLogger("deepdive.local.engine")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a 100k-token prompt is ~0.7 MB of JSON
 

@@ -1,0 +1,89 @@
+"""`deepdive run` and `deepdive serve engine`: the command-line faces of the CPU backend."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from services.exceptions import ConfigError
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    from services.serve import add_server_arguments
+
+    add_server_arguments(parser, 30000)
+    parser.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        help="a local Hugging Face causal-LM folder (model and tokenizer)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="requests decoded together at most (default: %(default)s)",
+    )
+
+
+def run_engine(args: argparse.Namespace) -> None:
+    """`deepdive serve engine`: SGLang's /generate for a local model, on CPU (or one GPU)."""
+    from deepdive.local.engine import LocalEngine, create_engine_app
+    from deepdive.local.model import load_model
+    from services.metrics import ServiceMetrics
+    from services.serve import announcer, bind, connection_limits, prepare, serve
+
+    token = prepare(args)
+    if not (args.model / "config.json").is_file():
+        raise ConfigError(
+            f"--model {args.model}: no config.json (expected a Hugging Face model folder)"
+        )
+    sock = bind(args.host, args.port)
+    model, tokenizer = load_model(args.model)
+    app = create_engine_app(
+        LocalEngine(model, tokenizer, max_batch=args.max_batch),
+        metrics=ServiceMetrics("engine"),
+        token=token,  # bearer auth on all but /health, as every other service
+    )
+    examples = [
+        "try: curl -s{auth} -X POST {base}/generate -H 'Content-Type: application/json' "
+        '-d \'{{"input_ids": [1, 2, 3], "sampling_params": {{"max_new_tokens": 8}}}}\''
+    ]
+    serve(
+        app,
+        sock,
+        log_level=args.log_level,
+        on_listening=announcer(f"local engine ({args.model})", token, examples),
+        limits=connection_limits(args),
+    )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config",
+        type=Path,
+        nargs="?",
+        help="a TOML file (configs/local.toml); without one, the embedded defaults",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one value, e.g. --set grpo.steps=5 --set run.out=runs/b (repeatable)",
+    )
+
+
+def run_local(args: argparse.Namespace) -> None:
+    """`deepdive run`: world, services, warm start, GRPO, evaluation, on this machine."""
+    from deepdive.local.config import load_local_config
+    from deepdive.local.run import LocalRun
+    from deepdive.local.summary import print_summary
+
+    config = load_local_config(args.config, args.overrides)
+    console = Console(stderr=True)
+    summary = LocalRun(config, console).run()
+    print_summary(summary, Console())

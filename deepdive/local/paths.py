@@ -1,0 +1,90 @@
+"""The run folder and the resume policy: where a run keeps everything, and when an existing
+folder may be continued."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepdive.local.checkpoint import load_latest
+from deepdive.local.config import LocalRunConfig
+from services.exceptions import ConfigError
+
+# What a resumed run may change; any other change makes it a different run.
+RESUMABLE_KEYS = {"grpo.steps", "checkpoint.every", "checkpoint.keep", "run.resume", "run.threads"}
+RESUMABLE_SECTIONS = {"eval"}
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def world(self) -> Path:
+        return self.root / "world"
+
+    @property
+    def unseen_world(self) -> Path:
+        return self.root / "unseen_world"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def base_model(self) -> Path:
+        return self.root / "base_model"
+
+    @property
+    def final_model(self) -> Path:
+        return self.root / "final_model"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def plot(self) -> Path:
+        return self.root / "reward_curve.png"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Keys whose values differ, except those a resumed run may change."""
+    return [
+        f"{section}.{key}"
+        for section, values in current.items()
+        if section not in RESUMABLE_SECTIONS
+        for key, value in values.items()
+        if f"{section}.{key}" not in RESUMABLE_KEYS and saved.get(section, {}).get(key) != value
+    ]
+
+
+def resume_point(
+    config: LocalRunConfig, config_dict: dict[str, Any], paths: RunPaths
+) -> tuple[int, dict[str, Any]] | None:
+    """The newest checkpoint's step and state when this run may continue from it, None for a
+    fresh run; a ConfigError when the folder holds another run or resuming is switched off."""
+    latest = load_latest(paths.checkpoints)
+    if latest is None:
+        return None
+    if not config.run.resume:
+        raise ConfigError(
+            f"run.resume = false, but {paths.checkpoints} holds checkpoints: choose "
+            "another run.out, or delete that folder, to start over"
+        )
+    changed = config_changes(latest[1]["config"], config_dict)
+    if changed:
+        raise ConfigError(
+            f"{paths.root} was started with another configuration ({', '.join(changed)} "
+            "changed): a resumed run must be the same run; choose another run.out"
+        )
+    return latest

@@ -1,0 +1,194 @@
+"""The GRPO loop: warm start (or resume), steps of rollouts -> group advantages -> clipped
+updates -> weights synced into the engine, checkpoints, and the evaluations around it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from argparse import Namespace
+from typing import Any
+
+from deepdive.local.checkpoint import restore_rng, rng_state, save_checkpoint
+from deepdive.local.context import RunContext
+from deepdive.local.episodes import (
+    Evaluation,
+    examples_from,
+    rollout_batch,
+    rollout_metrics,
+    sampling_params,
+)
+from deepdive.local.evaluation import evaluate
+from deepdive.local.grpo import group_advantages, scoring_temperature
+from deepdive.local.prompts import PromptSampler
+from deepdive.local.run_log import RunLog, plot_rewards
+from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
+from deepdive.local.warm_start_stage import run_warm_start
+
+
+def train(
+    run: RunContext,
+    model: Any,
+    tokenizer: Any,
+    engine: Any,
+    train_rows: list[dict[str, Any]],
+    evaluations: list[Evaluation],
+    resumed: tuple[int, dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """Warm start (or resume), GRPO steps, and the evaluations before and after.
+    The first evaluation is this world's held-out questions, on the services GRPO uses."""
+    config, paths = run.config, run.paths
+    grpo = config.grpo
+    args = evaluations[0].args
+    sampler = PromptSampler(len(train_rows), config.run.seed)
+    summary: dict[str, Any] = {}
+    if resumed is None:
+        summary["warm_start"] = run_warm_start(run, model, tokenizer)
+        engine.load_state_dict(model.state_dict())
+        before: dict[str, float] = {}
+        if config.eval.before:
+            before = evaluate(run, evaluations, "after the warm start")
+        start_step = 0
+    settings = OptimizerSettings(grpo.lr, grpo.weight_decay, grpo.max_grad_norm, grpo.micro_batch)
+    reference = PolicyTrainer.frozen_copy(model) if grpo.kl_coef > 0 else None
+    trainer = PolicyTrainer(model, tokenizer.pad_token_id, settings, reference)
+    if resumed is None:
+        save(run, 0, trainer, sampler, before, summary.get("warm_start"))
+    else:
+        start_step, state = resumed
+        trainer.load_state_dict(state["trainer"])
+        sampler.restore(state["sampler"])
+        restore_rng(state["rng"])
+        before = state["eval_before"]
+        summary["warm_start"] = state.get("warm_start")
+        engine.load_state_dict(model.state_dict())
+        run.say(f"resumed from {paths.checkpoints} at step {start_step}")
+    log = RunLog(paths.logs, resume_after_step=start_step if resumed else None)
+    totals = {"rollout_s": 0.0, "update_s": 0.0, "sync_s": 0.0}
+    with run.progress() as progress:
+        task = progress.add_task("GRPO", total=grpo.steps, completed=start_step, info="")
+        for step in range(start_step + 1, grpo.steps + 1):
+            metrics = grpo_step(run, step, trainer, engine, args, train_rows, sampler)
+            for key in totals:
+                totals[key] += metrics[key]
+            log.write(step, metrics)
+            progress.update(task, advance=1, info=f"reward {metrics['reward_mean']:.2f}")
+            if not run.console.is_terminal:
+                run.say(
+                    f"step {step}/{grpo.steps}: reward {metrics['reward_mean']:.3f} "
+                    f"pass@{grpo.samples_per_prompt} {metrics['pass_at_n']:.2f} "
+                    f"turns {metrics['turns_mean']:.1f} rollout {metrics['rollout_s']:.1f}s "
+                    f"update {metrics['update_s']:.1f}s"
+                )
+            if step % config.checkpoint.every == 0 or step == grpo.steps:
+                save(run, step, trainer, sampler, before, summary.get("warm_start"))
+    after = evaluate(run, evaluations, "after GRPO")
+    rows = log.rows()
+    log.close()
+    model.save_pretrained(paths.final_model)
+    tokenizer.save_pretrained(paths.final_model)
+    if rows:
+        lines: dict[str, float | None] = {}
+        for name in after:
+            lines[f"{name} after warm start"] = before.get(name)
+            lines[f"{name} after GRPO"] = after[name]
+        plot_rewards(rows, paths.plot, lines)
+    steps_done = grpo.steps - start_step
+    grpo_s = sum(totals.values())
+    summary.update(
+        {
+            "eval_reward_before": before.get("held-out"),
+            "eval_reward_after": after["held-out"],
+            "eval_questions": len(evaluations[0].rows),
+            "eval_episodes": len(evaluations[0].rows) * config.eval.samples,
+            "grpo_steps": grpo.steps,
+            "grpo_steps_this_session": steps_done,
+            "steps_per_minute": round(60 * steps_done / grpo_s, 2) if grpo_s else None,
+            "time_split_s": {k: round(v, 1) for k, v in totals.items()},
+            "train_reward_first": rows[0]["reward_mean"] if rows else None,
+            "train_reward_last5": (
+                sum(r["reward_mean"] for r in rows[-5:]) / len(rows[-5:]) if rows else None
+            ),
+        }
+    )
+    if "unseen" in after:
+        summary.update(
+            {
+                "unseen_reward_before": before.get("unseen"),
+                "unseen_reward_after": after["unseen"],
+                "unseen_questions": len(evaluations[1].rows),
+            }
+        )
+    return summary
+
+
+def grpo_step(
+    run: RunContext,
+    step: int,
+    trainer: PolicyTrainer,
+    engine: Any,
+    args: Namespace,
+    train_rows: list[dict[str, Any]],
+    sampler: PromptSampler,
+) -> dict[str, Any]:
+    """One step: a batch of groups, their advantages, updates_per_step updates, a weight sync."""
+    config = run.config
+    grpo = config.grpo
+    started = time.monotonic()
+    rows = [train_rows[i] for i in sampler.take(grpo.prompts_per_step)]
+    samples = asyncio.run(
+        rollout_batch(
+            args,
+            rows,
+            grpo.samples_per_prompt,
+            sampling_params(config, config.rollout.temperature),
+            f"{config.run.seed}:{step}",
+        )
+    )
+    rollout_s = time.monotonic() - started
+    rewards = [float(s.reward) for s in samples]
+    advantages = group_advantages(rewards, grpo.samples_per_prompt, grpo.normalize_std)
+    examples = examples_from(samples, advantages)
+    started = time.monotonic()
+    update: dict[str, float] = {}
+    chunk = max(1, len(examples) // grpo.updates_per_step)
+    for start in range(0, len(examples), chunk):
+        parts = trainer.grpo_step(
+            examples[start : start + chunk],
+            grpo.clip_low,
+            grpo.clip_high,
+            grpo.kl_coef,
+            grpo.per_token_loss,
+            scoring_temperature(config.rollout.temperature),
+        )
+        for key, value in parts.items():
+            update[key] = update.get(key, 0.0) + value / grpo.updates_per_step
+    update_s = time.monotonic() - started
+    started = time.monotonic()
+    engine.load_state_dict(trainer.model.state_dict())
+    sync_s = time.monotonic() - started
+    return {
+        **rollout_metrics(samples, grpo.samples_per_prompt),
+        **dict(update),
+        "rollout_s": rollout_s,
+        "update_s": update_s,
+        "sync_s": sync_s,
+    }
+
+
+def save(
+    run: RunContext,
+    step: int,
+    trainer: PolicyTrainer,
+    sampler: PromptSampler,
+    eval_before: dict[str, float],
+    warm_start_summary: dict[str, Any] | None,
+) -> None:
+    state = {
+        "trainer": trainer.state_dict(),
+        "sampler": sampler.state(),
+        "rng": rng_state(),
+        "eval_before": eval_before,  # evaluation name -> reward after the warm start
+        "warm_start": warm_start_summary,
+        "config": run.config_dict,
+    }
+    save_checkpoint(run.paths.checkpoints, step, state, run.config.checkpoint.keep)

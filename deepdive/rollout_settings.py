@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from services.exceptions import ConfigError
+from services.typed_config import positive
 
 OnMalformed = Literal["fail", "continue"]
 
@@ -66,9 +67,7 @@ class RolloutSettings:
             "reward_timeout_s",
             "generate_timeout_s",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"{arg_name(name)}: expected a positive number, got {value!r}")
+            positive(arg_name(name), getattr(self, name))
         if self.on_malformed not in ("fail", "continue"):
             raise ConfigError(
                 f"{arg_name('on_malformed')}: expected fail or continue, got {self.on_malformed!r}"

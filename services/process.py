@@ -1,4 +1,4 @@
-"""Start `deepdive serve ...` as a child process on a free loopback port and wait until it is
+"""Start `python -m services ...` (what `deepdive serve` runs) as a child process on a free loopback port and wait until it is
 ready: how the local run (and a node of a Slurm job) brings up the tool and reward servers.
 
 The child binds port 0 and announces "... listening on http://HOST:PORT"; we read that line,
@@ -63,7 +63,7 @@ class ServiceProcess:
         environment: dict[str, str] | None = None,
     ) -> None:
         self.name = name
-        self.command = [sys.executable, "-m", "slurm.cli", "serve", *arguments, "--port", "0"]
+        self.command = [sys.executable, "-m", "services", *arguments, "--port", "0"]
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.environment = environment

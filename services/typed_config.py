@@ -9,6 +9,7 @@ where a float is expected, a bool never counts as a number.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import types
 import typing
@@ -24,6 +25,23 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 T = TypeVar("T")
+
+
+def require(condition: bool, key: str, expected: str, value: object) -> None:
+    """One rule of a config value: a ConfigError naming the key, what it expects and what it got."""
+    if not condition:
+        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+
+
+def positive(key: str, value: object) -> None:
+    """A positive, finite number (a bool is not a number; NaN and infinity are refused)."""
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value > 0
+    )
+    require(ok, key, "a positive number", value)
 
 
 def load_toml(path: Path | None, schema: type[T], overrides: Sequence[str] = ()) -> T:

@@ -1,4 +1,4 @@
-from services.tool_server.formatting import NO_RESULTS, format_page, format_results, split_pages
+from deepdive.protocol import NO_RESULTS, format_page, format_results, split_pages
 from services.tool_server.models import Page, SearchResult
 from services.tool_server.sessions import SessionSettings, SessionStore
 from services.tool_server.urls import normalize_url

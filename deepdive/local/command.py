@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from deepdive.local.engine import DEFAULT_MAX_BATCH
 from services.exceptions import ConfigError
 
 
@@ -23,7 +24,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-batch",
         type=int,
-        default=32,
+        default=DEFAULT_MAX_BATCH,
         help="requests decoded together at most (default: %(default)s)",
     )
 

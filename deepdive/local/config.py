@@ -16,13 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from deepdive.offline.world import WorldSizes
-from services.exceptions import ConfigError
-from services.typed_config import load_toml
-
-
-def _require(condition: bool, key: str, expected: str, value: object) -> None:
-    if not condition:
-        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+from services.typed_config import load_toml, require
 
 
 @dataclass(frozen=True)
@@ -36,8 +30,8 @@ class RunSection:
     threads: int = 0  # torch threads; 0 = all cores
 
     def __post_init__(self) -> None:
-        _require(bool(self.out), "run.out", "a folder", self.out)
-        _require(self.threads >= 0, "run.threads", "0 (all cores) or more", self.threads)
+        require(bool(self.out), "run.out", "a folder", self.out)
+        require(self.threads >= 0, "run.threads", "0 (all cores) or more", self.threads)
 
 
 @dataclass(frozen=True)
@@ -64,11 +58,9 @@ class WorldSection(WorldSizes):
         for item in fields(self):
             if item.name not in ("seed", "sft_worlds"):
                 value = getattr(self, item.name)
-                _require(value >= 1, f"world.{item.name}", "at least 1", value)
-        _require(
-            self.sft_worlds >= 0, "world.sft_worlds", "0 (this world) or more", self.sft_worlds
-        )
-        _require(self.max_hops <= 3, "world.max_hops", "1, 2 or 3", self.max_hops)
+                require(value >= 1, f"world.{item.name}", "at least 1", value)
+        require(self.sft_worlds >= 0, "world.sft_worlds", "0 (this world) or more", self.sft_worlds)
+        require(self.max_hops <= 3, "world.max_hops", "1, 2 or 3", self.max_hops)
 
 
 @dataclass(frozen=True)
@@ -84,7 +76,7 @@ class ModelSection:
 
     def __post_init__(self) -> None:
         if self.path:
-            _require(
+            require(
                 (Path(self.path) / "config.json").is_file(),
                 "model.path",
                 "a Hugging Face model folder with config.json",
@@ -92,8 +84,8 @@ class ModelSection:
             )
         for name in ("vocab_size", "hidden", "layers", "heads"):
             value = getattr(self, name)
-            _require(value >= 1, f"model.{name}", "at least 1", value)
-        _require(
+            require(value >= 1, f"model.{name}", "at least 1", value)
+        require(
             self.hidden % self.heads == 0, "model.hidden", "a multiple of model.heads", self.hidden
         )
 
@@ -112,9 +104,9 @@ class RolloutSection:
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_response_tokens", "max_context_tokens", "max_batch"):
             value = getattr(self, name)
-            _require(value >= 1, f"rollout.{name}", "at least 1", value)
-        _require(self.temperature >= 0, "rollout.temperature", ">= 0", self.temperature)
-        _require(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
+            require(value >= 1, f"rollout.{name}", "at least 1", value)
+        require(self.temperature >= 0, "rollout.temperature", ">= 0", self.temperature)
+        require(0 < self.top_p <= 1, "rollout.top_p", "in (0, 1]", self.top_p)
 
 
 @dataclass(frozen=True)
@@ -136,21 +128,21 @@ class WarmStartSection:
     copy_lr: float = 3e-3
 
     def __post_init__(self) -> None:
-        _require(self.epochs >= 0, "warm_start.epochs", ">= 0", self.epochs)
-        _require(self.batch_size >= 1, "warm_start.batch_size", "at least 1", self.batch_size)
-        _require(self.lr > 0, "warm_start.lr", "a positive number", self.lr)
-        _require(self.warmup_steps >= 0, "warm_start.warmup_steps", ">= 0", self.warmup_steps)
-        _require(
+        require(self.epochs >= 0, "warm_start.epochs", ">= 0", self.epochs)
+        require(self.batch_size >= 1, "warm_start.batch_size", "at least 1", self.batch_size)
+        require(self.lr > 0, "warm_start.lr", "a positive number", self.lr)
+        require(self.warmup_steps >= 0, "warm_start.warmup_steps", ">= 0", self.warmup_steps)
+        require(
             0 <= self.observation_weight <= 1,
             "warm_start.observation_weight",
             "in [0, 1]",
             self.observation_weight,
         )
-        _require(0 <= self.rename <= 1, "warm_start.rename", "in [0, 1]", self.rename)
-        _require(self.copy_steps >= 0, "warm_start.copy_steps", "0 (off) or more", self.copy_steps)
-        _require(self.copy_length >= 2, "warm_start.copy_length", "at least 2", self.copy_length)
-        _require(self.copy_batch >= 1, "warm_start.copy_batch", "at least 1", self.copy_batch)
-        _require(self.copy_lr > 0, "warm_start.copy_lr", "a positive number", self.copy_lr)
+        require(0 <= self.rename <= 1, "warm_start.rename", "in [0, 1]", self.rename)
+        require(self.copy_steps >= 0, "warm_start.copy_steps", "0 (off) or more", self.copy_steps)
+        require(self.copy_length >= 2, "warm_start.copy_length", "at least 2", self.copy_length)
+        require(self.copy_batch >= 1, "warm_start.copy_batch", "at least 1", self.copy_batch)
+        require(self.copy_lr > 0, "warm_start.copy_lr", "a positive number", self.copy_lr)
 
 
 @dataclass(frozen=True)
@@ -172,16 +164,16 @@ class GRPOSection:
     def __post_init__(self) -> None:
         for name in ("prompts_per_step", "samples_per_prompt", "updates_per_step", "micro_batch"):
             value = getattr(self, name)
-            _require(value >= 1, f"grpo.{name}", "at least 1", value)
-        _require(self.steps >= 0, "grpo.steps", ">= 0", self.steps)
+            require(value >= 1, f"grpo.{name}", "at least 1", value)
+        require(self.steps >= 0, "grpo.steps", ">= 0", self.steps)
         for name in ("lr", "max_grad_norm"):
-            _require(
+            require(
                 getattr(self, name) > 0, f"grpo.{name}", "a positive number", getattr(self, name)
             )
         for name in ("clip_low", "clip_high", "kl_coef", "weight_decay"):
-            _require(getattr(self, name) >= 0, f"grpo.{name}", ">= 0", getattr(self, name))
+            require(getattr(self, name) >= 0, f"grpo.{name}", ">= 0", getattr(self, name))
         total = self.prompts_per_step * self.samples_per_prompt
-        _require(
+        require(
             total % self.updates_per_step == 0,
             "grpo.updates_per_step",
             f"a divisor of prompts_per_step x samples_per_prompt ({total})",
@@ -195,8 +187,8 @@ class CheckpointSection:
     keep: int = 2  # newest checkpoints kept (older ones are deleted after a new one lands)
 
     def __post_init__(self) -> None:
-        _require(self.every >= 1, "checkpoint.every", "at least 1", self.every)
-        _require(self.keep >= 1, "checkpoint.keep", "at least 1", self.keep)
+        require(self.every >= 1, "checkpoint.every", "at least 1", self.every)
+        require(self.keep >= 1, "checkpoint.keep", "at least 1", self.keep)
 
 
 @dataclass(frozen=True)
@@ -213,15 +205,15 @@ class EvalSection:
     unseen_questions: int = 0  # 0 = off
 
     def __post_init__(self) -> None:
-        _require(self.questions >= 0, "eval.questions", ">= 0", self.questions)
-        _require(
+        require(self.questions >= 0, "eval.questions", ">= 0", self.questions)
+        require(
             self.unseen_questions >= 0,
             "eval.unseen_questions",
             "0 (off) or more",
             self.unseen_questions,
         )
-        _require(self.samples >= 1, "eval.samples", "at least 1", self.samples)
-        _require(self.temperature >= 0, "eval.temperature", ">= 0", self.temperature)
+        require(self.samples >= 1, "eval.samples", "at least 1", self.samples)
+        require(self.temperature >= 0, "eval.temperature", ">= 0", self.temperature)
 
 
 @dataclass(frozen=True)

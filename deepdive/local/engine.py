@@ -50,6 +50,10 @@ logger = logging.getLogger("deepdive.local.engine")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a 100k-token prompt is ~0.7 MB of JSON
 
 
+# Requests decoded together at most (`deepdive serve engine --max-batch`).
+DEFAULT_MAX_BATCH = 32
+
+
 @dataclass
 class GenerationRequest:
     input_ids: list[int]
@@ -71,7 +75,11 @@ class GenerationResult:
 
 class LocalEngine:
     def __init__(
-        self, model: Any, tokenizer: Any, max_batch: int = 32, batch_window_s: float = 0.005
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        batch_window_s: float = 0.005,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer

@@ -17,14 +17,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepdive.offline.world import Question, World, describe, name_words
-from deepdive.protocol import FINISH, SYSTEM_PROMPT, format_observation, format_tool_call
+from deepdive.protocol import (
+    FINISH,
+    PAGE_CHARS,
+    SYSTEM_PROMPT,
+    format_observation,
+    format_page,
+    format_results,
+    format_tool_call,
+    split_pages,
+)
 from services.tool_server.corpus import CorpusIndex, Document
-from services.tool_server.formatting import format_page, format_results, split_pages
 from services.tool_server.models import Page, SearchResult
 from services.tool_server.offline import snippet_of
 
 RESULTS_PER_SEARCH = 3
-PAGE_CHARS = 10_000
 _CAPITALISED = re.compile(r"[A-Z][a-z]+")
 
 

@@ -6,7 +6,6 @@ import argparse
 from dataclasses import replace
 
 from services.metrics import ServiceMetrics
-from services.reward_server import openai_judge
 from services.reward_server.app import create_app
 from services.reward_server.build import build_judge
 from services.reward_server.config import JUDGE_BACKENDS, RewardServerConfig
@@ -17,39 +16,41 @@ DEFAULT_PORT = 8701
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = RewardServerConfig()
     add_server_arguments(parser, DEFAULT_PORT)
     parser.add_argument(
         "--judge",
         choices=JUDGE_BACKENDS,
-        default="rule",
-        help="rule: normalised exact match, no key (default); openai: an OpenAI-compatible LLM judge",
+        default=defaults.judge,
+        help="rule: normalised exact match, no key; openai: an OpenAI-compatible LLM judge "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--judge-url",
-        default=openai_judge.DEFAULT_URL,
+        default=defaults.judge_upstream.base_url,
         help="base URL of the OpenAI-compatible API (default: %(default)s)",
     )
     parser.add_argument(
         "--judge-model",
-        default=openai_judge.DEFAULT_MODEL,
+        default=defaults.judge_model,
         help="judge model name (default: %(default)s)",
     )
     parser.add_argument(
         "--judge-concurrency",
         type=int,
-        default=16,
+        default=defaults.judge_upstream.max_concurrency,
         help="concurrent judge requests at most (default: %(default)s)",
     )
     parser.add_argument(
         "--judge-retries",
         type=int,
-        default=3,
+        default=defaults.judge_upstream.retry.max_attempts - 1,
         help="retries on 429/5xx/timeouts (default: %(default)s)",
     )
     parser.add_argument(
         "--deadline",
         type=float,
-        default=120.0,
+        default=defaults.deadline_s,
         help="total seconds per judgement, retries included (default: %(default)s)",
     )
     parser.epilog = (

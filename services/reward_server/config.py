@@ -9,6 +9,7 @@ from services.cache import CacheSettings
 from services.exceptions import ConfigError
 from services.http import UpstreamSettings
 from services.reward_server import openai_judge
+from services.typed_config import positive
 
 JudgeBackend = Literal["rule", "openai"]
 JUDGE_BACKENDS: tuple[str, ...] = get_args(JudgeBackend)
@@ -47,10 +48,7 @@ class RewardServerConfig:
                 f"judge: expected one of {', '.join(JUDGE_BACKENDS)}, got {self.judge!r}"
             )
         for name in ("deadline_s", "max_body_bytes", "max_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"{name}: expected a positive number, got {value!r}")
-        if self.judge_upstream.max_concurrency <= 0:
-            raise ConfigError("judge_upstream.max_concurrency: expected a positive number")
+            positive(name, getattr(self, name))
+        positive("judge_upstream.max_concurrency", self.judge_upstream.max_concurrency)
         if not self.judge_model.strip():
             raise ConfigError("judge_model: expected a model name")

@@ -21,17 +21,18 @@ DEFAULT_PORT = 8700
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = ToolServerConfig(index_cache_dir=None)
     add_server_arguments(parser, DEFAULT_PORT)
     parser.add_argument(
         "--search",
         choices=SEARCH_BACKENDS,
-        default="offline",
+        default=defaults.search,
         help="search provider (default: %(default)s)",
     )
     parser.add_argument(
         "--reader",
         choices=READER_BACKENDS,
-        default="offline",
+        default=defaults.reader,
         help="page reader for open/click (default: %(default)s)",
     )
     parser.add_argument(
@@ -50,16 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--deadline",
         type=float,
-        default=60.0,
+        default=defaults.call_deadline_s,
         help="total seconds per tool call, retries included (default: %(default)s)",
     )
     parser.add_argument(
         "--page-chars",
         type=int,
-        default=10_000,
+        default=defaults.page_chars,
         help="characters per page of open/click output (default: %(default)s)",
     )
-    defaults = ToolServerConfig(index_cache_dir=None)
     parser.add_argument(
         "--max-query-chars",
         type=int,
@@ -87,19 +87,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-concurrency",
         type=int,
-        default=32,
+        default=defaults.serper.max_concurrency,
         help="concurrent requests per upstream (default: %(default)s)",
     )
     parser.add_argument(
         "--retries",
         type=int,
-        default=3,
+        default=defaults.serper.retry.max_attempts - 1,
         help="retries on 429/5xx/transport errors (default: %(default)s)",
     )
     parser.add_argument(
         "--cache-ttl",
         type=float,
-        default=3600.0,
+        default=defaults.search_cache.ttl_s,
         help="seconds a search result or page stays cached (default: %(default)s)",
     )
     parser.add_argument(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from deepdive.protocol import PAGE_CHARS
 from services.cache import CacheSettings
 from services.exceptions import ConfigError
 from services.http import UpstreamSettings
@@ -14,6 +15,7 @@ from services.tool_server import jina, serpapi, serper
 from services.tool_server.corpus import default_index_cache
 from services.tool_server.leakage import DEFAULT_NGRAM
 from services.tool_server.sessions import SessionSettings
+from services.typed_config import positive
 
 SearchBackend = Literal["offline", "serper", "serpapi"]
 ReaderBackend = Literal["offline", "jina", "direct"]
@@ -59,7 +61,7 @@ class ToolServerConfig:
     call_deadline_s: float = 60.0
     default_results: int = 10
     max_results: int = 20
-    page_chars: int = 10_000
+    page_chars: int = PAGE_CHARS
     max_query_chars: int = 1_000
     max_url_chars: int = 4_096
     max_page_chars: int = 500_000
@@ -84,14 +86,14 @@ class ToolServerConfig:
             raise ConfigError(
                 f"reader: expected one of {', '.join(READER_BACKENDS)}, got {self.reader!r}"
             )
-        _positive("call_deadline_s", self.call_deadline_s)
-        _positive("default_results", self.default_results)
-        _positive("max_results", self.max_results)
-        _positive("page_chars", self.page_chars)
-        _positive("leakage_ngram", self.leakage_ngram)
-        _positive("max_body_bytes", self.max_body_bytes)
-        _positive("max_query_chars", self.max_query_chars)
-        _positive("max_url_chars", self.max_url_chars)
+        positive("call_deadline_s", self.call_deadline_s)
+        positive("default_results", self.default_results)
+        positive("max_results", self.max_results)
+        positive("page_chars", self.page_chars)
+        positive("leakage_ngram", self.leakage_ngram)
+        positive("max_body_bytes", self.max_body_bytes)
+        positive("max_query_chars", self.max_query_chars)
+        positive("max_url_chars", self.max_url_chars)
         if self.max_page_chars < self.page_chars:
             raise ConfigError(
                 f"max_page_chars: expected at least page_chars ({self.page_chars}), "
@@ -107,18 +109,18 @@ class ToolServerConfig:
             ("jina", self.jina),
             ("direct", self.direct),
         ):
-            _positive(f"{name}.max_concurrency", settings.max_concurrency)
-            _positive(f"{name}.read_timeout_s", settings.read_timeout_s)
-            _positive(f"{name}.retry.max_attempts", settings.retry.max_attempts)
+            positive(f"{name}.max_concurrency", settings.max_concurrency)
+            positive(f"{name}.read_timeout_s", settings.read_timeout_s)
+            positive(f"{name}.retry.max_attempts", settings.retry.max_attempts)
         for cache_name, cache in (
             ("search_cache", self.search_cache),
             ("page_cache", self.page_cache),
         ):
-            _positive(f"{cache_name}.max_entries", cache.max_entries)
-            _positive(f"{cache_name}.max_bytes", cache.max_bytes)
-            _positive(f"{cache_name}.ttl_s", cache.ttl_s)
-        _positive("sessions.max_sessions", self.sessions.max_sessions)
-        _positive("sessions.ttl_s", self.sessions.ttl_s)
+            positive(f"{cache_name}.max_entries", cache.max_entries)
+            positive(f"{cache_name}.max_bytes", cache.max_bytes)
+            positive(f"{cache_name}.ttl_s", cache.ttl_s)
+        positive("sessions.max_sessions", self.sessions.max_sessions)
+        positive("sessions.ttl_s", self.sessions.ttl_s)
         for network in self.allowed_networks:
             try:
                 ipaddress.ip_network(network, strict=False)
@@ -128,8 +130,3 @@ class ToolServerConfig:
                 ) from None
         if self.corpus is not None and not Path(self.corpus).is_file():
             raise ConfigError(f"corpus: {self.corpus} is not a file")
-
-
-def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{name}: expected a positive number, got {value!r}")

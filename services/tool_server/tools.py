@@ -15,7 +15,14 @@ from typing import Any
 
 import anyio
 
-from deepdive.protocol import BROWSING_TOOLS, ProtocolError, validate_arguments
+from deepdive.protocol import (
+    BROWSING_TOOLS,
+    ProtocolError,
+    format_page,
+    format_results,
+    split_pages,
+    validate_arguments,
+)
 from services.cache import AsyncCache, CacheOutcome
 from services.exceptions import (
     ContentBlocked,
@@ -26,7 +33,6 @@ from services.exceptions import (
 )
 from services.metrics import ServiceMetrics
 from services.tool_server.config import ToolServerConfig
-from services.tool_server.formatting import format_page, format_results, split_pages
 from services.tool_server.leakage import DomainBlocklist, LeakageFilter, normalize
 from services.tool_server.models import (
     Page,

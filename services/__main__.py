@@ -1,0 +1,7 @@
+"""`python -m services tools|reward ...`: how a node (or a local run) starts a service."""
+
+import sys
+
+from services.cli import main
+
+sys.exit(main())

@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from typing import Any
 import orjson
 
 from deepdive.protocol import SYSTEM_PROMPT, TOOL_SCHEMAS
+from services.files import partial_path, publish, remove
 from services.tool_server.leakage import plain_words
 
 INPUT_KEY = "input_messages"
@@ -213,14 +212,8 @@ def slime_flags(train_path: Path, eval_path: Path | None = None) -> list[str]:
     return flags
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
 class AtomicJsonlWriter:
-    """Rows go to a temporary file beside the target, renamed into place only on success.
+    """Rows go to a partial file beside the target, renamed into place only on success.
 
     As a context manager: committed when the block ends normally, discarded when it raises.
     """
@@ -228,23 +221,19 @@ class AtomicJsonlWriter:
     def __init__(self, target: Path) -> None:
         self.target = target
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        self._tmp = Path(name)
-        self._handle = os.fdopen(fd, "wb")
+        self._partial = partial_path(target)
+        self._handle = self._partial.open("xb")
 
     def write(self, row: dict[str, Any]) -> None:
         self._handle.write(orjson.dumps(row) + b"\n")
 
     def commit(self) -> None:
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
         self._handle.close()
-        os.chmod(self._tmp, 0o666 & ~_umask())  # mkstemp makes 0600; data is for the whole team
-        os.replace(self._tmp, self.target)
+        publish(self._partial, self.target)
 
     def abort(self) -> None:
         self._handle.close()
-        self._tmp.unlink(missing_ok=True)
+        remove(self._partial)
 
     def __enter__(self) -> AtomicJsonlWriter:
         return self

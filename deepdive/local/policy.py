@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 from deepdive.local.config import LocalRunConfig
 from deepdive.local.paths import RunPaths
 from deepdive.local.warm_start import read_demonstrations, tokenizer_texts
 from deepdive.protocol import SYSTEM_PROMPTS
+from services.files import atomic_path
 
 
 def build_policy(config: LocalRunConfig, paths: RunPaths) -> tuple[Any, Any]:
@@ -36,10 +36,7 @@ def build_policy(config: LocalRunConfig, paths: RunPaths) -> tuple[Any, Any]:
                 heads=config.model.heads,
                 context=max(4096, config.rollout.max_context_tokens),
             )
-        partial = paths.base_model.with_name(paths.base_model.name + ".tmp")
-        shutil.rmtree(partial, ignore_errors=True)
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        shutil.rmtree(paths.base_model, ignore_errors=True)
-        partial.rename(paths.base_model)
+        with atomic_path(paths.base_model) as partial:
+            model.save_pretrained(partial)
+            tokenizer.save_pretrained(partial)
     return load_model(paths.base_model)

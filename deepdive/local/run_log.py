@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from services.files import atomic_path, atomic_write_bytes
+
 
 class RunLog:
     def __init__(self, folder: Path, resume_after_step: int | None = None) -> None:
@@ -36,9 +38,7 @@ class RunLog:
             for line in self.path.read_bytes().splitlines()
             if line.strip() and _complete(line) and orjson.loads(line).get("step", 0) <= step
         ]
-        partial = self.path.with_suffix(".tmp")
-        partial.write_bytes(b"".join(line + b"\n" for line in kept))
-        os.replace(partial, self.path)
+        atomic_write_bytes(self.path, b"".join(line + b"\n" for line in kept))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **metrics}
@@ -97,8 +97,7 @@ def plot_rewards(
     axes.legend(loc="upper left", fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    partial = path.with_suffix(".tmp.png")
-    figure.savefig(partial)
+    with atomic_path(path) as partial:
+        figure.savefig(partial)
     pyplot.close(figure)
-    os.replace(partial, path)
     return path

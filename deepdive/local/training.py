@@ -23,6 +23,7 @@ from deepdive.local.prompts import PromptSampler
 from deepdive.local.run_log import RunLog, plot_rewards
 from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
+from services.files import atomic_path
 
 
 def train(
@@ -84,8 +85,9 @@ def train(
     after = evaluate(run, evaluations, "after GRPO")
     rows = log.rows()
     log.close()
-    model.save_pretrained(paths.final_model)
-    tokenizer.save_pretrained(paths.final_model)
+    with atomic_path(paths.final_model) as partial:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
     if rows:
         lines: dict[str, float | None] = {}
         for name in after:

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -25,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from services.exceptions import ConfigError
+from services.files import atomic_path
 from services.tool_server.urls import normalize_url
 
 INDEX_FORMAT = "bm25s-en-stopwords-v1"
@@ -155,13 +155,9 @@ class CorpusIndex:
             except (OSError, ValueError):
                 shutil.rmtree(target, ignore_errors=True)  # unreadable: rebuild below
         retriever = cls._build(documents, show_progress)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
-        try:
+        # another process that built the same index first wins the race: fine, it is the same
+        with atomic_path(target, replace=False) as staging:
             retriever.save(str(staging), show_progress=False)
-            os.replace(staging, target)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)  # another process won the race: fine
         return cls(documents, retriever)
 
     @staticmethod

@@ -1,0 +1,125 @@
+"""The layers of the house, checked from the code itself, so that a new import cannot quietly
+undo them:
+
+    slurm/      the launcher: may import everything below
+    deepdive/   the RL side: never imports slurm
+      the slime side (protocol, convert, rollout, rollout_settings, clients, sample): runs inside
+      slime's Ray actors on the cluster, so never imports the local backend or the offline world
+      local/    the CPU backend;  offline/  the offline world
+    services/   the HTTP services: import nothing of deepdive but deepdive.protocol, and never
+                name the launcher (not even as a string to run)
+
+and only the launcher's one environment module (slurm/environment.py) reads SLURM_* variables.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SLIME_SIDE = ("protocol", "convert", "rollout", "rollout_settings", "clients", "sample")
+ENVIRONMENT_MODULE = "slurm/environment.py"
+_LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Every module an import statement names, anywhere in the file (functions included)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            for alias in node.names:  # `from deepdive import command` names deepdive.command
+                yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Every import or string in `root`'s packages that breaks a rule, as `file:line: why`."""
+    found: list[str] = []
+    for path in sorted(root.glob("*/**/*.py")):
+        relative = path.relative_to(root).as_posix()
+        package = relative.split("/", 1)[0]
+        if package not in ("deepdive", "services", "slurm"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=relative)
+        module = relative.removesuffix(".py").replace("/", ".")
+        slime_side = module in {f"deepdive.{name}" for name in SLIME_SIDE}
+        for line, name in _imports(tree):
+            where = f"{relative}:{line}"
+            if (
+                package == "services"
+                and _under(name, "deepdive")
+                and not _under(name, "deepdive.protocol")
+            ):
+                found.append(f"{where}: services import {name} (only deepdive.protocol)")
+            if package in ("services", "deepdive") and _under(name, "slurm"):
+                found.append(f"{where}: {package} imports the launcher ({name})")
+            if slime_side and (_under(name, "deepdive.local") or _under(name, "deepdive.offline")):
+                found.append(f"{where}: {module} runs inside slime but imports {name}")
+        for line, text in _strings(tree):
+            if package == "services" and _LAUNCHER.search(text):
+                found.append(f"{relative}:{line}: services name the launcher ({text!r})")
+            if "SLURM_" in text and relative != ENVIRONMENT_MODULE:
+                found.append(f"{relative}:{line}: reads {text!r}; only {ENVIRONMENT_MODULE} may")
+    return found
+
+
+def test_the_house_keeps_its_layers() -> None:
+    assert layer_violations(ROOT) == []
+
+
+def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
+    bad = {
+        "services/tool_server/leak.py": "from deepdive.rollout import reward_func\n",
+        "services/late.py": "def f():\n    import deepdive.local.engine\n",
+        "services/launch.py": 'COMMAND = ["python", "-m", "slurm.cli", "serve"]\n',
+        "deepdive/up.py": "from slurm import cli\n",
+        "deepdive/rollout.py": "from deepdive.local.engine import LocalEngine\n",
+        "deepdive/protocol.py": "from deepdive import offline\n",
+        "slurm/submit.py": 'import os\nos.environ["SLURM_JOB_ID"]\n',
+        "services/fine.py": "from deepdive.protocol import FINISH\n",
+        "slurm/environment.py": 'import os\nos.environ["SLURM_NODEID"]\n',
+    }
+    for name, text in bad.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = layer_violations(tmp_path)
+    assert sorted({item.split(":", 1)[0] for item in found}) == [
+        "deepdive/protocol.py",
+        "deepdive/rollout.py",
+        "deepdive/up.py",
+        "services/late.py",
+        "services/launch.py",
+        "services/tool_server/leak.py",
+        "slurm/submit.py",
+    ], found
+
+
+def test_the_slime_hooks_load_no_web_framework_and_no_local_backend() -> None:
+    # What a slime Ray actor imports with --custom-generate-function-path: a fresh interpreter.
+    code = (
+        "import sys, deepdive.rollout\n"
+        "heavy = ('starlette', 'prometheus_client', 'uvicorn', 'torch', 'transformers',"
+        " 'deepdive.local', 'deepdive.offline', 'slurm')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.strip()
+    assert loaded == "[]"

@@ -50,7 +50,7 @@ def run(seconds: int = 8) -> dict[str, Any]:
         judge = f"http://127.0.0.1:{judge_port}"
         fake = pinned(
             python_module(
-                "benchmarks.fake_upstream",
+                "fakes.upstream",
                 "--port",
                 str(judge_port),
                 "--latency",

@@ -19,7 +19,7 @@ from deepdive.clients import close_clients
 from deepdive.rollout import generate_with_tool
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample
-from tests.fake_sglang import ByteTokenizer
+from fakes.sglang import ByteTokenizer
 
 TURNS = 16
 SAMPLES = 256
@@ -57,9 +57,7 @@ def run(samples: int = SAMPLES) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
         port = free_port()
         fakes = pinned(
-            python_module(
-                "benchmarks.fake_rollout_servers", "--port", str(port), "--turns", str(TURNS)
-            ),
+            python_module("fakes.rollout_servers", "--port", str(port), "--turns", str(TURNS)),
             core=1,
         )
         with process(fakes, f"http://127.0.0.1:{port}/health", Path(tmp) / "fakes.log"):

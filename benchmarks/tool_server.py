@@ -162,7 +162,7 @@ def run(seconds: int = 8) -> dict[str, Any]:
         upstream = f"http://127.0.0.1:{up_port}"
         fake = pinned(
             python_module(
-                "benchmarks.fake_upstream",
+                "fakes.upstream",
                 "--port",
                 str(up_port),
                 "--latency",

@@ -123,3 +123,20 @@ def test_the_slime_hooks_load_no_web_framework_and_no_local_backend() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout.strip()
     assert loaded == "[]"
+
+
+def test_tests_share_helpers_not_each_other() -> None:
+    """Tests import shared pieces from tests/helpers.py and tests/hostile.py (fixtures come from
+    conftest.py through pytest, never by import); benchmarks and fakes never import a test."""
+    shared = {"tests.helpers", "tests.hostile"}
+    found = []
+    for folder in ("tests", "benchmarks", "fakes"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for line, name in _imports(tree):
+                if not _under(name, "tests") or name in shared or name == "tests":
+                    continue
+                if folder == "tests" and any(name.startswith(f"{s}.") for s in shared):
+                    continue  # `from tests.helpers import X` also names tests.helpers.X
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
+    assert found == []

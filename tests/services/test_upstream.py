@@ -16,7 +16,7 @@ from services.exceptions import (
 )
 from services.http import RetryPolicy, Upstream, UpstreamSettings, parse_retry_after
 from services.metrics import ServiceMetrics
-from tests.conftest import wait_for_requests
+from tests.helpers import wait_for_requests
 
 FAST = RetryPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.02)
 

@@ -16,7 +16,7 @@ from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.judging import Verdict
 from services.reward_server.rule_judge import RuleJudge
-from tests.conftest import serve_in_thread
+from tests.helpers import serve_in_thread
 
 QUESTION = "Which city hosted the 1889 World's Fair?"
 GOOD = (

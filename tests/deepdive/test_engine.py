@@ -29,7 +29,7 @@ from deepdive.rollout_settings import RolloutSettings, rollout_args  # noqa: E40
 from deepdive.sample import LocalSample  # noqa: E402
 from services.metrics import ServiceMetrics  # noqa: E402
 from services.secrets import TOKEN_ENV  # noqa: E402
-from tests.conftest import serve_in_thread  # noqa: E402
+from tests.helpers import serve_in_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -330,7 +330,7 @@ def test_weight_updates_change_the_policy(engine: LocalEngine) -> None:
 async def test_the_rollout_runs_on_the_engine_with_a_real_tokenizer(
     engine: LocalEngine, corpus_file: Path, tmp_path: Path
 ) -> None:
-    from tests.test_rollout import reward_app, tool_app
+    from tests.helpers import reward_app, tool_app
 
     with (
         serve_in_thread(create_engine_app(engine)) as sglang,
@@ -381,7 +381,7 @@ def test_serve_engine_command_serves_a_saved_model_behind_the_token(
     import sys
     import time
 
-    from tests.test_cli import DEEPDIVE
+    from tests.helpers import DEEPDIVE
 
     folder = tmp_path / "policy"
     engine.model.save_pretrained(folder)

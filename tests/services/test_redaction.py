@@ -26,7 +26,7 @@ from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.openai_judge import OpenAIJudge
 from services.web import json_response
-from tests.conftest import serve_in_thread
+from tests.helpers import serve_in_thread
 
 URL_SPECIAL = "k3y/with+special=chars&x"  # every character URL encoders disagree about
 JSON_SPECIAL = 'q"uote\\back/slash key 42'  # a quote, a backslash, a slash and spaces

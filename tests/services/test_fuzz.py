@@ -31,7 +31,7 @@ from services.tool_server.direct import DirectReader
 from services.tool_server.tools import ToolExecutor
 from services.tool_server.urlguard import URLGuard
 from tests import hostile
-from tests.conftest import serve_in_thread
+from tests.helpers import serve_in_thread
 
 FUZZ = settings(
     max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck), database=None

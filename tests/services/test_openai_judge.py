@@ -23,7 +23,7 @@ from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.models import EvaluationRequest
 from services.reward_server.openai_judge import GRADER_PROMPT, OpenAIJudge, parse_grade
-from tests.conftest import serve_in_thread, wait_for_requests
+from tests.helpers import serve_in_thread, wait_for_requests
 
 KEY = "judge-key-0123456789"
 QUESTION = "Which city hosted the 1889 World's Fair?"

@@ -35,7 +35,7 @@ from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.corpus import read_jsonl_corpus
 from services.tool_server.tools import ToolExecutor
-from tests.conftest import serve_in_thread
+from tests.helpers import serve_in_thread
 
 SMALL = WorldSizes(
     people=24,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,8 @@ import httpx
 import pytest
 from pytest_httpserver import HTTPServer
 
-DEEPDIVE = [sys.executable, "-m", "slurm.cli"]
+from tests.helpers import DEEPDIVE
+
 SECRET = "serper-cli-secret-0123456789"
 
 

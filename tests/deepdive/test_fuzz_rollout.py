@@ -16,15 +16,14 @@ from deepdive.clients import close_clients
 from deepdive.protocol import FINISH, format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import LocalSample, SampleStatus
+from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.rule_judge import RuleJudge
 from tests import hostile
-from tests.conftest import serve_in_thread
-from tests.fake_sglang import FakeSGLang, ScriptedTurn
-from tests.test_rollout import make_args, new_sample, tool_app
+from tests.helpers import make_args, new_sample, serve_in_thread, tool_app
 
 SUPERSCRIPT_CLICK = '<tool_call>{"name": "click", "arguments": {"link_id": "²"}}</tool_call>'
 CORRECT = format_tool_call(FINISH, {"answer": "Ilse Varen"})

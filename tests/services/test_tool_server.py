@@ -18,7 +18,7 @@ from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
-from tests.conftest import DOCUMENTS, FORBIDDEN_QUESTION, serve_in_thread
+from tests.helpers import DOCUMENTS, FORBIDDEN_QUESTION, serve_in_thread
 
 
 def make_app(

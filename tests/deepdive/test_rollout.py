@@ -14,36 +14,23 @@ import pytest
 from deepdive.clients import close_clients
 from deepdive.protocol import format_observation, format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
-from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample, SampleStatus
+from fakes.sglang import FakeSGLang, ScriptedTurn, logprob_of
 from services.metrics import ServiceMetrics
-from services.reward_server.app import create_app as create_reward_app
-from services.reward_server.config import RewardServerConfig
-from services.reward_server.evaluator import Evaluator
-from services.reward_server.rule_judge import RuleJudge
 from services.serve import bind, start_server_thread
 from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
-from tests.conftest import FORBIDDEN_QUESTION, serve_in_thread
-from tests.fake_sglang import ByteTokenizer, FakeSGLang, ScriptedTurn, logprob_of
-
-PROMPT = f"<|im_start|>user\n{FORBIDDEN_QUESTION}<|im_end|>\n<|im_start|>assistant\n"
-TOKENIZER = ByteTokenizer()
-
-
-def tool_app(corpus_file: Path, tmp_path: Path) -> Any:
-    config = ToolServerConfig(corpus=corpus_file, index_cache_dir=tmp_path / "idx", page_chars=400)
-    metrics = ServiceMetrics("tool")
-    search, reader = build_providers(config, metrics)
-    return create_tool_app(ToolExecutor(config, search, reader, metrics), metrics)
-
-
-def reward_app() -> Any:
-    return create_reward_app(
-        RewardServerConfig(), Evaluator(RuleJudge(), 10), ServiceMetrics("reward")
-    )
+from tests.helpers import (
+    PROMPT,
+    TOKENIZER,
+    make_args,
+    new_sample,
+    reward_app,
+    serve_in_thread,
+    tool_app,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -59,29 +46,6 @@ def services(corpus_file: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
         serve_in_thread(reward_app()) as reward,
     ):
         yield {"tools": tools, "reward": reward}
-
-
-def make_args(sglang: str, services: dict[str, str], **extra: Any) -> Namespace:
-    settings = RolloutSettings(
-        sglang_url=sglang,
-        tool_server_url=services["tools"],
-        reward_server_url=services["reward"],
-        retries=0,
-        max_context_tokens=extra.pop("context", 100_000),
-        **extra,
-    )
-    return rollout_args(settings, TOKENIZER)
-
-
-def new_sample() -> LocalSample:
-    return LocalSample(
-        prompt=PROMPT,
-        label="Ilse Varen",
-        metadata={
-            "remote_env_info": {"forbidden_texts": [FORBIDDEN_QUESTION]},
-            "aliases": ["I. Varen"],
-        },
-    )
 
 
 def call(name: str, **arguments: Any) -> str:

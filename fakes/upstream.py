@@ -2,7 +2,7 @@
 a Serper-compatible search API (POST /search) and an OpenAI-compatible judge
 (POST /v1/chat/completions, which grades "Paris" correct and anything else wrong).
 
-Run: python -m benchmarks.fake_upstream --port 9100 --latency 0.05
+Run: python -m fakes.upstream --port 9100 --latency 0.05
 """
 
 from __future__ import annotations

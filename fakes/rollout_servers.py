@@ -2,7 +2,7 @@
 ASGI app (no framework: the fakes must not be what is measured). Each session searches
 `turns - 1` times, then finishes.
 
-Run: python -m benchmarks.fake_rollout_servers --port 9200 --turns 16
+Run: python -m fakes.rollout_servers --port 9200 --turns 16
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
-from tests.conftest import serve_in_thread, wait_for_requests
+from tests.helpers import serve_in_thread, wait_for_requests
 
 SERPER_KEY = "serper-key-0123456789"
 SERPAPI_KEY = "serpapi-key-0123456789"

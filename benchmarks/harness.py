@@ -117,12 +117,3 @@ def run_wrk(
         "requests": raw["requests"],
         "server_cpu_ms_per_call": round(cpu_ms / max(1, raw["requests"]), 3),
     }
-
-
-def serve_fake(app: Any, port: int) -> None:
-    """Serve a benchmark fake on loopback, quietly, with a deep accept backlog."""
-    import uvicorn
-
-    uvicorn.run(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, backlog=4096
-    )

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.harness import serve_fake
+from fakes.serving import serve_fake
 
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "orrery"}}</tool_call>'
 FINISH = '<tool_call>{"name": "finish", "arguments": {"answer": "Ilse Varen"}}</tool_call>'

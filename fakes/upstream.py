@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from benchmarks.harness import serve_fake
+from fakes.serving import serve_fake
 
 
 def create_app(latency_s: float) -> Starlette:

@@ -25,7 +25,7 @@ import orjson
 
 from deepdive.protocol import SYSTEM_PROMPT, TOOL_SCHEMAS
 from services.files import partial_path, publish, remove
-from services.tool_server.leakage import plain_words
+from services.text import plain_words
 
 INPUT_KEY = "input_messages"
 LABEL_KEY = "label"

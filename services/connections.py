@@ -28,8 +28,8 @@ from typing import ClassVar, Literal
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from services.exceptions import ConfigError
 from services.logs import log_event
+from services.typed_config import require
 
 logger = logging.getLogger(__name__)
 
@@ -74,18 +74,18 @@ def _option(name: str) -> str:
 
 
 def _check_seconds(name: str, value: object) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{_option(name)}: expected a positive number of seconds, got {value!r}")
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value > 0
+    )
+    require(ok, _option(name), "a positive number of seconds", value)
 
 
 def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{_option(name)}: expected a positive whole number, got {value!r}")
+    ok = not isinstance(value, bool) and isinstance(value, int) and value > 0
+    require(ok, _option(name), "a positive whole number", value)
 
 
 class ConnectionGuard:

@@ -20,8 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_WORD = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+")
+from services.text import WORD
 
 DEFAULT_NGRAM = 13
 
@@ -195,14 +194,7 @@ def normalize(text: str) -> NormalizedText:
             text = _fold_lookalikes(text.casefold())
         else:
             text = text.casefold()
-    return NormalizedText(" " + " ".join(_WORD.findall(text)) + " ")
-
-
-def plain_words(text: str) -> tuple[str, ...]:
-    """The casefolded NFKC letters and digits of `text`, one word per CJK character, with none of
-    `normalize`'s cleaning: what `deepdive convert` hashes into question ids, which must not
-    change when the filter learns a new evasion."""
-    return tuple(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
+    return NormalizedText(" " + " ".join(WORD.findall(text)) + " ")
 
 
 class LeakageFilter:

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup test lint typecheck unit run serve-tools bench clean
+.PHONY: setup test lint typecheck unit slurm-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,20 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup
+# The Slurm tests bring up their own private 2-node cluster (scripts/local-slurm.sh); Slurm and
+# munge are installed here first when missing (as root), else those tests skip, saying why.
+unit: setup slurm-install
 	$(BIN)/pytest
+
+slurm-install:
+	@scripts/local-slurm.sh install || echo "Slurm is not installed: the Slurm tests will skip"
+
+# A private Slurm cluster on this host for trying `deepdive submit` (export the SLURM_CONF it prints).
+slurm-up: slurm-install
+	@scripts/local-slurm.sh up
+
+slurm-down:
+	@scripts/local-slurm.sh down
 
 test: lint typecheck unit
 

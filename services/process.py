@@ -1,8 +1,10 @@
-"""Start `python -m services ...` (what `deepdive serve` runs) as a child process on a free loopback port and wait until it is
-ready: how the local run (and a node of a Slurm job) brings up the tool and reward servers.
+"""Start `python -m services ...` (what `deepdive serve` runs) as a child process and wait until
+it is ready: how the local run (and each node of a Slurm job) brings up the tool and reward
+servers.
 
-The child binds port 0 and announces "... listening on http://HOST:PORT"; we read that line,
-then poll /ready. Its log goes to a file (never a pipe that could fill and stall it), and a
+The child binds the port it is given (0: a free one) and announces "... listening on
+http://HOST:PORT"; we read that line, then poll /ready (services.waiting: backoff, no fixed
+sleeps). Its log goes to a file (never a pipe that could fill and stall it), and a
 child that dies before it is ready is reported with the tail of that log.
 """
 
@@ -20,6 +22,8 @@ from types import TracebackType
 import httpx
 
 from services.exceptions import ServiceError
+from services.secrets import TOKEN_ENV
+from services.waiting import WaitTimeout, wait_for
 
 ANNOUNCEMENT = "listening on "
 
@@ -40,11 +44,21 @@ _PRCTL = _resolve_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: it gets SIGTERM when we die, even by SIGKILL, so a killed
-    run never leaves servers behind (Linux; elsewhere stop() still ends them on a normal exit)."""
+# A batch scheduler warns a job with SIGUSR1/SIGUSR2 before it preempts or times it out
+# (submitit asks Slurm for USR2). Slurm signals every process of the job, and both signals end
+# a process that does not handle them: the parent decides what a warning means, its children
+# must outlive it until they are told to stop.
+_WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def child_preexec() -> None:
+    """Runs in a child before exec: it gets SIGTERM when we die, even by SIGKILL, so a killed
+    run never leaves servers behind (Linux; elsewhere stop() still ends them on a normal exit),
+    and it ignores the scheduler's warning signals (an ignored signal stays ignored after exec)."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    for number in _WARNING_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
 
 
 class ServiceStartError(ServiceError):
@@ -54,6 +68,9 @@ class ServiceStartError(ServiceError):
 
 
 class ServiceProcess:
+    """One service as a child process: `launch()` starts it, `wait_ready()` blocks until it
+    answers /ready (or raises with the tail of its log), `start()` does both."""
+
     def __init__(
         self,
         name: str,
@@ -61,16 +78,22 @@ class ServiceProcess:
         log_path: Path,
         ready_timeout_s: float = 120.0,
         environment: dict[str, str] | None = None,
+        port: int = 0,
     ) -> None:
         self.name = name
-        self.command = [sys.executable, "-m", "services", *arguments, "--port", "0"]
+        self.command = [sys.executable, "-m", "services", *arguments, "--port", str(port)]
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.environment = environment
         self.process: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self._started = 0.0
 
     def start(self) -> str:
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(  # noqa: S603 (our own CLI, fixed arguments)
@@ -78,43 +101,64 @@ class ServiceProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(self.environment or {})},
-                preexec_fn=_die_with_parent,  # only a prctl call, resolved before the fork
+                preexec_fn=child_preexec,  # a prctl call and two signal dispositions
             )
-        deadline = time.monotonic() + self.ready_timeout_s
-        while not self.url:
-            self._check_alive()
-            for line in self.log_path.read_text(errors="replace").splitlines():
-                if ANNOUNCEMENT in line:
-                    self.url = line.split(ANNOUNCEMENT, 1)[1].split()[0]
-            self._check_deadline(deadline)
-            time.sleep(0.05)
-        while not self._ready():
-            self._check_alive()
-            self._check_deadline(deadline)
-            time.sleep(0.1)
-        return self.url
+        self._started = time.monotonic()
 
-    def _ready(self) -> bool:
+    def wait_ready(self, check: Callable[[], None] | None = None) -> str:
+        """The service's URL once it answers /ready; `check()` may give up earlier."""
+
+        def checks() -> None:
+            self._check_alive()
+            if check is not None:
+                check()
+
+        remaining = self.ready_timeout_s - (time.monotonic() - self._started)
         try:
-            return httpx.get(f"{self.url}/ready", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def _check_alive(self) -> None:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise ServiceStartError(
-                f"the {self.name} server exited with status {self.process.returncode}; "
-                f"its log ({self.log_path}) ends with:\n{self._log_tail()}"
+            self.url = wait_for(
+                self._announced_url, timeout_s=remaining, what=self.name, check=checks
             )
-
-    def _check_deadline(self, deadline: float) -> None:
-        if time.monotonic() > deadline:
+            wait_for(self._ready, timeout_s=remaining, what=self.name, check=checks)
+        except WaitTimeout:
             self.stop()
             raise ServiceStartError(
                 f"the {self.name} server was not ready after {self.ready_timeout_s:.0f} s; "
                 f"its log ({self.log_path}) ends with:\n{self._log_tail()}"
-            )
+            ) from None
+        return self.url
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _announced_url(self) -> str | None:
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if ANNOUNCEMENT in line:
+                return line.split(ANNOUNCEMENT, 1)[1].split()[0]
+        return None
+
+    def _ready(self) -> bool:
+        # a child started with the service token answers /ready only to a client that has it
+        token = {**os.environ, **(self.environment or {})}.get(TOKEN_ENV)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        try:
+            response = httpx.get(f"{self.url}/ready", headers=headers, timeout=5, trust_env=False)
+            return response.status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def _check_alive(self) -> None:
+        failure = self.failure()
+        if failure is not None:
+            raise ServiceStartError(failure)
+
+    def failure(self) -> str | None:
+        """Why the service is gone (its exit status and the end of its log), None while it runs."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return (
+            f"the {self.name} server exited with status {self.process.returncode}; "
+            f"its log ({self.log_path}) ends with:\n{self._log_tail()}"
+        )
 
     def _log_tail(self, lines: int = 15) -> str:
         try:

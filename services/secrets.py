@@ -17,8 +17,8 @@ from services.logs import register_secret
 TOKEN_ENV = "DEEPDIVE_SERVICE_TOKEN"  # noqa: S105 (a variable name, not a secret)
 
 
-def load_env_file(path: str | Path) -> dict[str, str]:
-    """Parse KEY=VALUE lines; refuse a file that group or others can read (mode must be 0600 or stricter)."""
+def check_env_file(path: str | Path) -> None:
+    """The file exists and neither group nor others can read it (mode 0600 or stricter)."""
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -29,6 +29,12 @@ def load_env_file(path: str | Path) -> dict[str, str]:
             f"env file {path}: mode {stat.S_IMODE(mode):04o} lets other users read it; "
             f"run `chmod 600 {path}`"
         )
+
+
+def load_env_file(path: str | Path) -> dict[str, str]:
+    """Parse KEY=VALUE lines of a private env file (see check_env_file)."""
+    path = Path(path)
+    check_env_file(path)
     values: dict[str, str] = {}
     for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         line = raw.strip()

@@ -129,6 +129,11 @@ def _matches(hint: Any, value: Any) -> bool:
     if origin in (list, tuple):
         (item,) = get_args(hint)[:1]
         return isinstance(value, list) and all(_matches(item, v) for v in value)
+    if origin is dict:
+        key_type, value_type = get_args(hint)
+        return isinstance(value, dict) and all(
+            _matches(key_type, k) and _matches(value_type, v) for k, v in value.items()
+        )
     return isinstance(value, hint)
 
 
@@ -140,6 +145,8 @@ def describe(hint: Any) -> str:
         return " or ".join(describe(a) for a in get_args(hint) if a is not type(None))
     if origin in (list, tuple):
         return f"a list of {describe(get_args(hint)[0])}"
+    if origin is dict:
+        return f"a table of {describe(get_args(hint)[1])} values"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 

@@ -11,6 +11,7 @@ from deepdive import command as deepdive_command
 from deepdive.local import command as local_command
 from deepdive.offline import command as world_command
 from services.cli import SERVICES, Subcommand, add_subcommands, run_handler
+from slurm import command as slurm_command
 
 COMMANDS: list[Subcommand] = [
     (
@@ -33,6 +34,36 @@ COMMANDS: list[Subcommand] = [
         "Run the whole pipeline locally (no GPU, keys or cluster); resumes from its checkpoints.",
         local_command.add_run_arguments,
         local_command.run_local,
+    ),
+    (
+        "submit",
+        "submit a training job to Slurm (submitit): Ray and services on every node",
+        "Validate the experiment, create its run folder and submit it; --dry-run prints the "
+        "sbatch script and the training command instead.",
+        slurm_command.add_submit_arguments,
+        slurm_command.run_submit,
+    ),
+    (
+        "status",
+        "a submitted run's state, attempt, phase, step and reward",
+        "Where a submitted run stands: Slurm's state, the attempt, each node's phase, the "
+        "last step and its reward, failures.",
+        slurm_command.add_status_arguments,
+        slurm_command.run_status,
+    ),
+    (
+        "logs",
+        "a node's log of a submitted run",
+        "Print (or follow) one node's log of the newest attempt of a run.",
+        slurm_command.add_logs_arguments,
+        slurm_command.run_logs,
+    ),
+    (
+        "cancel",
+        "cancel a submitted run's job (its checkpoints stay)",
+        "Cancel the newest job of a run; submitting the run again resumes it.",
+        slurm_command.add_cancel_arguments,
+        slurm_command.run_cancel,
     ),
 ]
 ENGINE: Subcommand = (

@@ -3,10 +3,12 @@ the rollout's services and arguments. Fixtures stay in conftest.py; fakes live i
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 import time
 from argparse import Namespace
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,120 @@ def new_sample() -> LocalSample:
             "aliases": ["I. Varen"],
         },
     )
+
+
+# -- Slurm jobs (tests/slurm): a tiny local-backend experiment and ways to watch it ----------
+
+LOCAL_SLURM = Path(__file__).resolve().parent.parent / "scripts" / "local-slurm.sh"
+
+# Two nodes, a tiny world and policy, a few GRPO steps: a job that trains in seconds.
+TINY_JOB = """
+[run]
+name = "tiny"
+folder = "{folder}"
+[slurm]
+nodes = 2
+cpus_per_task = 1
+mem_gb = 2.5
+time_min = 10
+signal_delay_s = 30
+[bootstrap]
+join_timeout_s = 90
+[local.run]
+seed = 3
+threads = 1
+[local.world]
+seed = 3
+people = 12
+cities = 6
+guilds = 4
+artifacts = 8
+train_questions = 16
+eval_questions = 4
+sft_questions = 16
+max_hops = 3
+[local.model]
+hidden = 32
+layers = 1
+heads = 2
+vocab_size = 600
+[local.rollout]
+max_turns = 3
+max_response_tokens = 48
+max_context_tokens = 1536
+max_batch = 4
+temperature = 1.0
+[local.warm_start]
+epochs = 0.5
+batch_size = 4
+copy_steps = 3
+copy_length = 8
+copy_batch = 4
+lr = 3e-3
+[local.grpo]
+steps = {steps}
+prompts_per_step = 2
+samples_per_prompt = 4
+lr = 1e-3
+[local.checkpoint]
+every = 2
+[local.eval]
+questions = 2
+temperature = 0.0
+samples = 1
+"""
+
+
+def tiny_job(folder: Path, steps: int = 4, extra: str = "") -> Path:
+    """An experiment file for a 2-node job training into `folder`."""
+    path = folder.with_suffix(".toml")
+    path.write_text(TINY_JOB.format(folder=folder, steps=steps) + extra)
+    return path
+
+
+def submitted_job_id(output: str) -> str:
+    found = re.search(r"submitted job (\d+)", output)
+    assert found, output
+    return found.group(1)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout_s} s"
+        time.sleep(delay)
+        delay = min(0.5, delay * 1.5)
+
+
+def job_fields(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    """`scontrol show job` as key=value pairs (Slurm keeps a job there a while after it ends)."""
+    result = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True
+    )
+    return dict(item.split("=", 1) for item in result.stdout.split() if "=" in item)
+
+
+def job_left_queue(job_id: str, env: dict[str, str]) -> bool:
+    result = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"], env=env, capture_output=True, text=True
+    )
+    return not result.stdout.strip()
+
+
+def processes_of_job(job_id: str) -> list[str]:
+    """Command lines of every live process started by the job (its environment says so)."""
+    found = []
+    marker = f"SLURM_JOB_ID={job_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in environ and state != "Z":
+            found.append(f"{entry.name}: {command}")
+    return found

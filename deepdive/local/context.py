@@ -4,6 +4,7 @@ person watching (one line per event off a terminal, progress bars on one)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ class RunContext:
     config: LocalRunConfig
     paths: RunPaths
     console: Console
+    on_event: Callable[[str], None] | None = None  # milestones, for a launcher watching the run
     config_dict: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -33,6 +35,10 @@ class RunContext:
 
     def say(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
+
+    def event(self, name: str) -> None:
+        if self.on_event is not None:
+            self.on_event(name)
 
     def progress(self) -> Progress:
         return Progress(

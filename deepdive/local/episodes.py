@@ -8,7 +8,7 @@ import random
 from argparse import Namespace
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from deepdive.clients import close_clients
 from deepdive.local.config import LocalRunConfig
@@ -17,13 +17,19 @@ from deepdive.local.trainer import Example
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import status_name
 
+# The services a batch is played against: this world's tool server and the reward server
+# (training, held-out questions), or another world's tool server (deepdive.local.rollouts).
+ServiceSet = Literal["world", "unseen"]
+WORLD: ServiceSet = "world"
+UNSEEN: ServiceSet = "unseen"
+
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Questions to score before and after GRPO, and the services that answer them (`args`)."""
+    """Questions to score before and after GRPO, and the set of services that answers them."""
 
     name: str  # "held-out": this world's qa_eval; "unseen": another world's
-    args: Namespace
+    services: ServiceSet
     rows: list[dict[str, Any]]
 
 
@@ -40,12 +46,20 @@ def seed_for(*parts: object) -> int:
 
 
 async def rollout_batch(
-    args: Namespace, rows: list[dict[str, Any]], group_size: int, params: dict[str, Any], seed: str
+    args: Namespace,
+    rows: list[dict[str, Any]],
+    group_size: int,
+    params: dict[str, Any],
+    seed: str,
+    groups: list[int] | None = None,
 ) -> list[Any]:
-    """Rollouts for each row x group_size, concurrently, then their rewards (batched per step)."""
+    """Rollouts for each row x group_size, concurrently, then their rewards (batched per step).
+    `groups` are the rows' group numbers in the whole batch (default 0, 1, ...): sample i of
+    group g is index g * group_size + i, and its sampling seed follows from that index."""
+    numbers = groups if groups is not None else list(range(len(rows)))
     samples = [
         sample_from_row(row, group_index=g, index=g * group_size + i)
-        for g, row in enumerate(rows)
+        for g, row in zip(numbers, rows, strict=True)
         for i in range(group_size)
     ]
     runs = [

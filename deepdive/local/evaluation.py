@@ -3,13 +3,14 @@ services GRPO uses, before and after training."""
 
 from __future__ import annotations
 
-import asyncio
-
 from deepdive.local.context import RunContext
-from deepdive.local.episodes import Evaluation, rollout_batch, sampling_params
+from deepdive.local.episodes import Evaluation, sampling_params
+from deepdive.local.rollouts import Rollouts
 
 
-def evaluate(run: RunContext, evaluations: list[Evaluation], when: str) -> dict[str, float]:
+def evaluate(
+    run: RunContext, rollouts: Rollouts, evaluations: list[Evaluation], when: str
+) -> dict[str, float]:
     """The mean reward of each evaluation's questions x eval.samples."""
     temperature = run.config.eval.temperature
     values = {}
@@ -17,14 +18,12 @@ def evaluate(run: RunContext, evaluations: list[Evaluation], when: str) -> dict[
         seed = f"{run.config.run.seed}:eval"
         if evaluation.name != "held-out":
             seed += f":{evaluation.name}"
-        samples = asyncio.run(
-            rollout_batch(
-                evaluation.args,
-                evaluation.rows,
-                run.config.eval.samples,
-                sampling_params(run.config, temperature),
-                seed,
-            )
+        samples = rollouts.run(
+            evaluation.services,
+            evaluation.rows,
+            run.config.eval.samples,
+            sampling_params(run.config, temperature),
+            seed,
         )
         value = sum(float(s.reward) for s in samples) / max(1, len(samples))
         values[evaluation.name] = value

@@ -10,11 +10,11 @@ Each stage lives in a module of its own; this one puts them in order.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import time
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +24,32 @@ from deepdive.convert import AtomicJsonlWriter
 from deepdive.local.config import LocalRunConfig
 from deepdive.local.context import RunContext
 from deepdive.local.data import prepare_data
-from deepdive.local.episodes import Evaluation
+from deepdive.local.episodes import UNSEEN, WORLD, Evaluation
 from deepdive.local.paths import RunPaths, resume_point
 from deepdive.local.policy import build_policy
 from deepdive.local.prompts import read_prompt_rows
-from deepdive.local.stack import engine_server, reward_server, tool_server
+from deepdive.local.rollouts import Rollouts, local_rollouts
 from deepdive.local.training import train
-from deepdive.rollout_settings import RolloutSettings, rollout_args
+
+# Rollouts played elsewhere than this process (a Slurm job's nodes): given the run's config,
+# its folder and how to report, a context manager that yields them.
+RolloutsFactory = Callable[
+    [LocalRunConfig, RunPaths, Callable[[str], None]], AbstractContextManager[Rollouts]
+]
 
 
 class LocalRun:
-    def __init__(self, config: LocalRunConfig, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        config: LocalRunConfig,
+        console: Console | None = None,
+        cluster: RolloutsFactory | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
         self.context = RunContext(
-            config, RunPaths(Path(config.run.out)), console or Console(stderr=True)
+            config, RunPaths(Path(config.run.out)), console or Console(stderr=True), on_event
         )
+        self.cluster = cluster
 
     def run(self) -> dict[str, Any]:
         import torch
@@ -63,33 +75,20 @@ class LocalRun:
         unseen_rows = (
             read_prompt_rows(paths.data / "unseen.jsonl") if config.eval.unseen_questions else []
         )
-        with ExitStack() as stack:
-            tools = stack.enter_context(tool_server(paths.world, paths.logs / "tool_server.log"))
-            reward = stack.enter_context(reward_server(paths.logs / "reward_server.log"))
-            sglang, engine = stack.enter_context(
-                engine_server(model, tokenizer, config.rollout.max_batch)
+        evaluations = [Evaluation("held-out", WORLD, eval_rows)]
+        if unseen_rows:
+            run.say(f"unseen world: {len(unseen_rows)} questions")
+            evaluations.append(Evaluation("unseen", UNSEEN, unseen_rows))
+        if self.cluster is None:
+            unseen_world = paths.unseen_world if unseen_rows else None
+            playing: AbstractContextManager[Rollouts] = local_rollouts(
+                config, model, tokenizer, paths.world, unseen_world, paths.logs, run.say
             )
-            run.say(f"services: tools {tools.url}, reward {reward.url}, engine {sglang}")
-            settings = RolloutSettings(
-                sglang_url=sglang,
-                tool_server_url=tools.url,
-                reward_server_url=reward.url,
-                max_turns=config.rollout.max_turns,
-                max_context_tokens=config.rollout.max_context_tokens,
-                on_malformed=config.rollout.on_malformed,
-            )
-            args = rollout_args(settings, tokenizer)
-            evaluations = [Evaluation("held-out", args, eval_rows)]
-            if unseen_rows:
-                unseen_tools = stack.enter_context(
-                    tool_server(paths.unseen_world, paths.logs / "unseen_tool_server.log")
-                )
-                run.say(f"unseen world: {len(unseen_rows)} questions, tools {unseen_tools.url}")
-                unseen = dataclasses.replace(settings, tool_server_url=unseen_tools.url)
-                evaluations.append(
-                    Evaluation("unseen", rollout_args(unseen, tokenizer), unseen_rows)
-                )
-            summary = train(run, model, tokenizer, engine, train_rows, evaluations, resumed)
+        else:
+            playing = self.cluster(config, paths, run.say)
+        with playing as rollouts:
+            run.event("training started")
+            summary = train(run, model, tokenizer, rollouts, train_rows, evaluations, resumed)
         summary["world"] = manifest
         summary["wall_s"] = round(time.monotonic() - started, 1)
         summary["paths"] = {

@@ -3,23 +3,22 @@ updates -> weights synced into the engine, checkpoints, and the evaluations arou
 
 from __future__ import annotations
 
-import asyncio
 import time
-from argparse import Namespace
 from typing import Any
 
 from deepdive.local.checkpoint import restore_rng, rng_state, save_checkpoint
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import (
+    WORLD,
     Evaluation,
     examples_from,
-    rollout_batch,
     rollout_metrics,
     sampling_params,
 )
 from deepdive.local.evaluation import evaluate
 from deepdive.local.grpo import group_advantages, scoring_temperature
 from deepdive.local.prompts import PromptSampler
+from deepdive.local.rollouts import Rollouts
 from deepdive.local.run_log import RunLog, plot_rewards
 from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
@@ -30,7 +29,7 @@ def train(
     run: RunContext,
     model: Any,
     tokenizer: Any,
-    engine: Any,
+    rollouts: Rollouts,
     train_rows: list[dict[str, Any]],
     evaluations: list[Evaluation],
     resumed: tuple[int, dict[str, Any]] | None,
@@ -39,15 +38,14 @@ def train(
     The first evaluation is this world's held-out questions, on the services GRPO uses."""
     config, paths = run.config, run.paths
     grpo = config.grpo
-    args = evaluations[0].args
     sampler = PromptSampler(len(train_rows), config.run.seed)
     summary: dict[str, Any] = {}
     if resumed is None:
         summary["warm_start"] = run_warm_start(run, model, tokenizer)
-        engine.load_state_dict(model.state_dict())
+        rollouts.load_state_dict(model.state_dict())
         before: dict[str, float] = {}
         if config.eval.before:
-            before = evaluate(run, evaluations, "after the warm start")
+            before = evaluate(run, rollouts, evaluations, "after the warm start")
         start_step = 0
     settings = OptimizerSettings(grpo.lr, grpo.weight_decay, grpo.max_grad_norm, grpo.micro_batch)
     reference = PolicyTrainer.frozen_copy(model) if grpo.kl_coef > 0 else None
@@ -61,14 +59,14 @@ def train(
         restore_rng(state["rng"])
         before = state["eval_before"]
         summary["warm_start"] = state.get("warm_start")
-        engine.load_state_dict(model.state_dict())
+        rollouts.load_state_dict(model.state_dict())
         run.say(f"resumed from {paths.checkpoints} at step {start_step}")
     log = RunLog(paths.logs, resume_after_step=start_step if resumed else None)
     totals = {"rollout_s": 0.0, "update_s": 0.0, "sync_s": 0.0}
     with run.progress() as progress:
         task = progress.add_task("GRPO", total=grpo.steps, completed=start_step, info="")
         for step in range(start_step + 1, grpo.steps + 1):
-            metrics = grpo_step(run, step, trainer, engine, args, train_rows, sampler)
+            metrics = grpo_step(run, step, trainer, rollouts, train_rows, sampler)
             for key in totals:
                 totals[key] += metrics[key]
             log.write(step, metrics)
@@ -82,7 +80,7 @@ def train(
                 )
             if step % config.checkpoint.every == 0 or step == grpo.steps:
                 save(run, step, trainer, sampler, before, summary.get("warm_start"))
-    after = evaluate(run, evaluations, "after GRPO")
+    after = evaluate(run, rollouts, evaluations, "after GRPO")
     rows = log.rows()
     log.close()
     with atomic_path(paths.final_model) as partial:
@@ -127,25 +125,24 @@ def grpo_step(
     run: RunContext,
     step: int,
     trainer: PolicyTrainer,
-    engine: Any,
-    args: Namespace,
+    rollouts: Rollouts,
     train_rows: list[dict[str, Any]],
     sampler: PromptSampler,
 ) -> dict[str, Any]:
-    """One step: a batch of groups, their advantages, updates_per_step updates, a weight sync."""
+    """One step: a batch of groups, their advantages, updates_per_step updates, a weight sync
+    (to the engine of every node that plays episodes)."""
     config = run.config
     grpo = config.grpo
     started = time.monotonic()
     rows = [train_rows[i] for i in sampler.take(grpo.prompts_per_step)]
-    samples = asyncio.run(
-        rollout_batch(
-            args,
-            rows,
-            grpo.samples_per_prompt,
-            sampling_params(config, config.rollout.temperature),
-            f"{config.run.seed}:{step}",
-        )
+    samples = rollouts.run(
+        WORLD,
+        rows,
+        grpo.samples_per_prompt,
+        sampling_params(config, config.rollout.temperature),
+        f"{config.run.seed}:{step}",
     )
+    per_node = {f"samples_node_{node}": count for node, count in rollouts.node_counts().items()}
     rollout_s = time.monotonic() - started
     rewards = [float(s.reward) for s in samples]
     advantages = group_advantages(rewards, grpo.samples_per_prompt, grpo.normalize_std)
@@ -166,10 +163,11 @@ def grpo_step(
             update[key] = update.get(key, 0.0) + value / grpo.updates_per_step
     update_s = time.monotonic() - started
     started = time.monotonic()
-    engine.load_state_dict(trainer.model.state_dict())
+    rollouts.load_state_dict(trainer.model.state_dict())
     sync_s = time.monotonic() - started
     return {
         **rollout_metrics(samples, grpo.samples_per_prompt),
+        **per_node,
         **dict(update),
         "rollout_s": rollout_s,
         "update_s": update_s,

@@ -1,0 +1,79 @@
+"""`backend = "local"` on a Slurm job: the CPU GRPO of `deepdive run`, with one rollout worker
+per node.
+
+Node 0 writes the offline world into the run folder before any service starts; every node
+serves that world's pages (tool server, offline search and reader) and the rule judge (reward
+server); node 0 then runs the trainer (`python -m slurm.backends.local_main`), which connects
+to the job's Ray cluster and places one rollout worker on each node, each calling its own
+node's services. A new attempt resumes from the newest complete checkpoint in the run folder
+by itself (deepdive.local.paths.resume_point).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from deepdive.local.checkpoint import load_latest
+from deepdive.local.data import prepare_data
+from deepdive.local.paths import RunPaths
+from slurm.backends import ServiceSpec
+from slurm.config import ExperimentConfig, local_run_config
+from slurm.run_folder import AttemptFolder, RunFolder
+
+TRAINER_MODULE = "slurm.backends.local_main"
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        self.experiment = config
+        self.config = local_run_config(config)
+        self.paths = RunPaths(Path(self.config.run.out))
+
+    def prepare(self) -> dict[str, Any]:
+        return prepare_data(self.config, self.paths)
+
+    def services(self) -> list[ServiceSpec]:
+        level = ("--log-level", self.experiment.services.log_level)
+        specs = [
+            ServiceSpec("tools", (*_offline_tools(self.paths.world), *level)),
+            ServiceSpec("reward", ("reward", "--judge", "rule", *level)),
+        ]
+        if self.config.eval.unseen_questions:
+            specs.append(
+                ServiceSpec("tools-unseen", (*_offline_tools(self.paths.unseen_world), *level))
+            )
+        return specs
+
+    def command(self, attempt: AttemptFolder) -> list[str]:
+        run = RunFolder(Path(self.experiment.run.folder))
+        return [
+            sys.executable,
+            "-m",
+            TRAINER_MODULE,
+            str(run.root),
+            "--cluster",
+            str(attempt.cluster),
+            "--phases",
+            str(attempt.phases(0)),
+        ]
+
+    def resume_point(self) -> str | None:
+        latest = load_latest(self.paths.checkpoints)
+        return None if latest is None else f"step {latest[0]} ({self.paths.checkpoints})"
+
+
+def _offline_tools(world: Path) -> tuple[str, ...]:
+    return (
+        "tools",
+        "--search",
+        "offline",
+        "--reader",
+        "offline",
+        "--no-index-cache",
+        "--corpus",
+        str(world / "corpus.jsonl"),
+    )

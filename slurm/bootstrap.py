@@ -1,0 +1,419 @@
+"""What every node of a job runs: one bootstrap, the node's rank deciding its part.
+
+    every node   storage   write a probe into the attempt folder; node 0 reads them all and
+                           answers, so each node knows the others see the same run folder
+                 ports     the node's block of the port plan, checked free
+                 ray       node 0 starts the Ray head, the others join it
+                 data      node 0 writes what the services read (the backend's data);
+                           the others wait for it
+                 services  the backend's services (tool server, reward server), until /ready
+    node 0       join      every node ready (Ray up, services answering) before the deadline
+                 training  the backend's trainer as a child process; its exit code is the job's
+    node K > 0   serving   until node 0 says the job has ended
+
+Every phase is timestamped in the node's phase log. A node that fails leaves a note naming
+itself, the phase and why, and exits non-zero; every node watches for such notes (and for its
+own children dying) between polls, so one failure ends the whole job in seconds, and srun's
+--kill-on-bad-exit ends whatever is left. Children die with their node (PR_SET_PDEATHSIG) and
+are stopped by PID, never by name.
+
+Preemption and timeouts follow submitit's protocol: Slurm sends USR2 (`--signal`), submitit
+calls `NodeJob.checkpoint` on node 0, which tells every node to stop and asks for a requeue
+(up to slurm.max_requeues); the next attempt starts over in a new attempt folder, and the
+backend resumes from the newest complete checkpoint in the run folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import submitit
+
+from services.exceptions import ServiceError
+from services.logs import configure_logging, log_event, register_secret
+from services.process import ServiceProcess, child_preexec
+from services.secrets import TOKEN_ENV, load_env_file
+from services.waiting import wait_for
+from slurm.backends import Backend, build_backend
+from slurm.config import ExperimentConfig
+from slurm.environment import NodeInfo, current_node
+from slurm.phases import NodeFailed, PhaseLog, Stopping
+from slurm.ports import NodePorts, plan_node_ports
+from slurm.ray_cluster import RayNode, node_resource
+from slurm.run_folder import RunFolder, read_json, write_json
+
+logger = logging.getLogger("deepdive.job")
+FOREVER = float("inf")
+# A failure drill, to see what a job says when a node cannot start its services:
+# DEEPDIVE_DRILL=services@1 (in the environment `deepdive submit` runs in) starts node 1's
+# services with an argument they refuse, so they exit at start-up as a broken one would.
+DRILL_ENV = "DEEPDIVE_DRILL"
+DRILL_ARGUMENT = "--refused-by-a-failure-drill"
+# While the node starts, a child that dies is named by its own phase (services, ray).
+STARTING = {"storage", "ports", "launch", "ray", "services"}
+
+
+class NodeJob(submitit.helpers.Checkpointable):
+    """The callable submitit pickles and runs on every node. It holds the resolved experiment
+    and nothing else (no secret: those are read on the node)."""
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        self.config = config
+
+    def __call__(self) -> int:
+        code = NodeBootstrap(self.config, current_node()).run()
+        if code:
+            sys.exit(code)  # the trainer's exit code is the job's
+        return code
+
+    def checkpoint(  # type: ignore[override]  # submitit reads None as "do not requeue"
+        self, *args: Any, **kwargs: Any
+    ) -> submitit.helpers.DelayedSubmission | None:
+        """submitit calls this on node 0 when USR2 arrives (preemption or time limit): tell
+        every node to stop, and requeue unless the run has used its requeues."""
+        node = current_node()
+        attempt = RunFolder(Path(self.config.run.folder)).attempt(node.attempt)
+        allowed = self.config.slurm.max_requeues
+        if node.restart_count >= allowed:
+            write_json(attempt.end, {"stopped": "signal", "requeue": False, "t": time.time()})
+            logger.warning("not requeued: the run has been requeued %d times already", allowed)
+            return None
+        write_json(attempt.end, {"stopped": "signal", "requeue": True, "t": time.time()})
+        log_event(logger, "requeue", attempt=node.attempt, next=node.restart_count + 1)
+        return super().checkpoint()
+
+
+class NodeBootstrap:
+    def __init__(self, config: ExperimentConfig, node: NodeInfo) -> None:
+        self.config = config
+        self.node = node
+        self.run_folder = RunFolder(Path(config.run.folder))
+        self.attempt = self.run_folder.attempt(node.attempt)
+        self.backend: Backend = build_backend(config)
+        self.phases = PhaseLog(self.attempt.phases(node.node), node.node, node.attempt)
+        self.services: list[ServiceProcess] = []
+        self.ray: RayNode | None = None
+        self.trainer: subprocess.Popen[bytes] | None = None
+        self.terminating = False
+
+    # -- the whole node ------------------------------------------------------------------
+
+    def run(self) -> int:
+        with node_console(self.attempt.node_log(self.node.node)):
+            configure_logging("INFO")
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+            node = self.node
+            self.phases.record(
+                "job", "start", host=node.hostname, slurm_node=node.node_name, job=node.job_id
+            )
+            if self.run_folder.finished.exists():
+                self.phases.record("job", "finished_already")
+                return 0
+            with ExitStack() as stack:
+                stack.callback(self._stop_children)
+                try:
+                    code = self._run_phases()
+                except Stopping as stop:
+                    self.phases.record("job", "stopped", reason=str(stop))
+                    return 0
+                except NodeFailed as failure:
+                    return self._failed(failure)
+            self.phases.record("job", "end", exit_code=code)
+            return code
+
+    def _run_phases(self) -> int:
+        environment = self._secrets()
+        node = self.node
+        with self.phases.phase("storage"):
+            self._check_storage()
+        with self.phases.phase("ports"):
+            ports, notes = plan_node_ports(node.job_id, node.node, node.num_nodes)
+            for note in notes:
+                log_event(logger, "ports", note=note)
+        # Ray and the services start together (each costs seconds of interpreter start-up):
+        # node 0 starts its Ray head first and writes the data while it comes up; the others
+        # start their services as soon as node 0's data is there, then join the head.
+        with self.phases.phase("launch"):
+            if node.is_head:
+                self._launch_ray(ports, environment, head=None)
+                summary = self.backend.prepare()
+                write_json(self.attempt.data, {"t": time.time(), "summary": _brief(summary)})
+                self._launch_services(ports, environment)
+            else:
+                self._wait_for_note(self.attempt.data, "node 0's data")
+                self._launch_services(ports, environment)
+                head = self._wait_for_note(self.attempt.head, "the Ray head's address")
+                self._launch_ray(ports, environment, head=str(head["address"]))
+        with self.phases.phase("ray"):
+            assert self.ray is not None
+            self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
+            if node.is_head:
+                write_json(self.attempt.head, {"address": self.ray.address})
+        with self.phases.phase("services"):
+            urls = {
+                service.name: service.wait_ready(check=self._check) for service in self.services
+            }
+        write_json(
+            self.attempt.ready(node.node),
+            {
+                "node": node.node,
+                "host": node.hostname,
+                "slurm_node": node.node_name,
+                "ray": self.ray.address,
+                "services": urls,
+                "ports": {name: port for name, port in ports.all_ports() if name != "ray_worker"},
+            },
+        )
+        if not node.is_head:
+            with self.phases.phase("serving"):
+                end = self._wait_for_note(self.attempt.end, "the end of the job", FOREVER)
+            if end.get("stopped"):
+                raise Stopping("node 0 stopped the job")
+            return 0
+        # The trainer starts now and loads what it can (its libraries, the data, the policy)
+        # while the other nodes finish; it reads cluster.json, written once all are ready.
+        with self.phases.phase("training"):
+            self._start_trainer(environment)
+            with self.phases.phase("join"):
+                self._join()
+            code = self._wait_for_trainer()
+        write_json(self.attempt.end, {"exit_code": code, "t": time.time()})
+        if code == 0:
+            write_json(self.run_folder.finished, {"attempt": node.attempt, "t": time.time()})
+        return code
+
+    def _failed(self, failure: NodeFailed) -> int:
+        """Leave the note the other nodes (and `deepdive status`) read, and say it plainly."""
+        if failure.node == self.node.node:
+            note = {"node": failure.node, "phase": failure.phase, "error": failure.reason}
+            write_json(self.attempt.failed(self.node.node), {**note, "t": time.time()})
+        logger.error("job failed: %s", failure.message)
+        print(f"deepdive: {failure.message}", file=sys.stderr, flush=True)
+        return 1
+
+    # -- phases ------------------------------------------------------------------------------
+
+    def _check_storage(self) -> None:
+        nonce = secrets.token_hex(8)
+        write_json(self.attempt.storage_probe(self.node.node), {"nonce": nonce})
+        seen = self.attempt.root / "storage" / "seen.json"
+        if self.node.is_head:
+            nonces = {}
+            for other in range(self.node.num_nodes):
+                note = self._wait_for_note(
+                    self.attempt.storage_probe(other), f"node {other}'s storage probe"
+                )
+                nonces[str(other)] = note["nonce"]
+            write_json(seen, nonces)
+            return
+        answer = self._wait_for_note(seen, "node 0's answer to the storage probes")
+        if answer.get(str(self.node.node)) != nonce:
+            raise NodeFailed(
+                self.node.node,
+                "storage",
+                f"node 0 read another probe than this node wrote in {self.attempt.root}: the "
+                "run folder is not the same shared storage on both nodes",
+            )
+
+    def _launch_ray(self, ports: NodePorts, environment: dict[str, str], head: str | None) -> None:
+        self.ray = RayNode(
+            node=self.node.node,
+            node_ip=node_ip(),
+            ports=ports,
+            head_address=head,
+            temp_dir=Path("/tmp") / f"dd-{self.node.job_id}-{self.node.node}",  # noqa: S108
+            log_path=self.attempt.node_logs(self.node.node) / "ray.log",
+            num_cpus=self.node.cpus,
+            num_gpus=self.config.slurm.gpus_per_node,
+            environment=environment,
+        )
+        self.ray.launch()
+
+    def _launch_services(self, ports: NodePorts, environment: dict[str, str]) -> None:
+        host = self.config.services.host
+        logs = self.attempt.node_logs(self.node.node)
+        drill = [DRILL_ARGUMENT] if drilled("services", self.node.node) else []
+        for spec in self.backend.services():
+            service = ServiceProcess(
+                spec.name,
+                [*spec.arguments, "--host", host, *drill],
+                logs / f"{spec.name}.log",
+                ready_timeout_s=self.config.services.ready_timeout_s,
+                environment=environment,
+                port=ports.service_port(spec.name),
+            )
+            self.services.append(service)
+            service.launch()
+
+    def _join(self) -> None:
+        """Every node ready (its Ray joined, its services answering): what the trainer is
+        handed, in cluster.json."""
+        nodes = []
+        for other in range(self.node.num_nodes):
+            note = self._wait_for_note(self.attempt.ready(other), f"node {other} to be ready")
+            urls = note["services"]
+            nodes.append(
+                {
+                    "node": other,
+                    "resource": node_resource(other),
+                    "tools": urls["tools"],
+                    "reward": urls["reward"],
+                    "tools_unseen": urls.get("tools-unseen"),
+                }
+            )
+        assert self.ray is not None
+        write_json(
+            self.attempt.cluster,
+            {"attempt": self.node.attempt, "ray_address": self.ray.address, "nodes": nodes},
+        )
+
+    def _start_trainer(self, environment: dict[str, str]) -> None:
+        command = self.backend.command(self.attempt)
+        self.run_folder.command.write_text(" ".join(command) + "\n")
+        resume = self.backend.resume_point()
+        log_event(logger, "trainer", resume=resume or "fresh", command=" ".join(command))
+        assert self.ray is not None
+        self.trainer = subprocess.Popen(  # noqa: S603 (the backend's command, no shell)
+            command,
+            env={**os.environ, **environment, "RAY_ADDRESS": self.ray.address},
+            preexec_fn=child_preexec,
+        )
+
+    def _wait_for_trainer(self) -> int:
+        trainer = self.trainer
+        assert trainer is not None
+        wait_for(
+            lambda: trainer.poll() is not None,
+            timeout_s=FOREVER,
+            what="the trainer",
+            check=self._check,
+        )
+        return trainer.returncode
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Between polls: give up when another node failed, the job is ending, or one of this
+        node's own children died."""
+        for failure in self.attempt.failures():
+            if failure.get("node") != self.node.node:
+                raise NodeFailed(int(failure["node"]), str(failure["phase"]), str(failure["error"]))
+        end = read_json(self.attempt.end) if self.attempt.end.exists() else None
+        if isinstance(end, dict) and end.get("stopped"):
+            raise Stopping("the job is being stopped (preemption or time limit)")
+        failures = [(service.failure(), "services") for service in self.services]
+        if self.ray is not None and not self.ray.alive():
+            failures.append((f"ray exited; its log ends with:\n{self.ray.log_tail()}", "ray"))
+        dead = [(reason, phase) for reason, phase in failures if reason is not None]
+        if dead and self.terminating:
+            raise Stopping("Slurm is ending the job (SIGTERM)")
+        if dead:
+            reason, phase = dead[0]
+            if self.phases.current not in STARTING:
+                phase = self.phases.current
+            raise NodeFailed(self.node.node, phase, reason)
+
+    def _wait_for_note(
+        self, path: Path, what: str, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            note = read_json(path)
+            return note if isinstance(note, dict) else None
+
+        limit = self.config.bootstrap.join_timeout_s if timeout_s is None else timeout_s
+        try:
+            return wait_for(probe, timeout_s=limit, what=f"waiting for {what}", check=self._check)
+        except ServiceError as error:
+            if isinstance(error, NodeFailed):
+                raise
+            raise NodeFailed(self.node.node, self.phases.current, error.message) from None
+
+    def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
+        """Slurm is ending the job (cancel, requeue, preemption). Like submitit, keep running
+        (USR2 may follow, to checkpoint and requeue), but read children dying as expected."""
+        self.terminating = True
+        logger.warning("SIGTERM: Slurm is ending the job; children ending now is expected")
+
+    # -- secrets and children ------------------------------------------------------------------
+
+    def _secrets(self) -> dict[str, str]:
+        """The env file's values (read here, on the node), registered for redaction; they reach
+        the children through their environment only."""
+        path = self.config.services.env_file
+        values = load_env_file(path) if path else {}
+        for value in values.values():
+            register_secret(value)
+        register_secret(os.environ.get(TOKEN_ENV))
+        return values
+
+    def _stop_children(self) -> None:
+        timeout = self.config.bootstrap.stop_timeout_s
+        if self.trainer is not None and self.trainer.poll() is None:
+            self.trainer.terminate()
+            try:
+                self.trainer.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.trainer.kill()
+                self.trainer.wait()
+        for service in self.services:
+            service.stop(timeout)
+        if self.ray is not None:
+            self.ray.stop(timeout)
+
+
+def drilled(phase: str, node: int) -> bool:
+    """Whether DEEPDIVE_DRILL asks `phase` to fail on `node` ("services@1,services@2")."""
+    wanted = os.environ.get(DRILL_ENV, "")
+    return f"{phase}@{node}" in {item.strip() for item in wanted.split(",")}
+
+
+def node_ip() -> str:
+    """The address other nodes reach this one at: the one its default route leaves from (a
+    UDP socket "connected" to a public address sends nothing), as Ray picks it itself."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
+            address: str = probe.getsockname()[0]
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
+    return address
+
+
+@contextmanager
+def node_console(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (and so its children's) go to the node's log file of
+    this attempt; submitit's own log gets one line saying where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    print(f"deepdive: this node's log is {path}", flush=True)
+    saved = os.dup(1), os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def _brief(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if isinstance(v, int | float | str)}

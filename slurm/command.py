@@ -1,0 +1,171 @@
+"""`deepdive submit | status | logs | cancel`: the command-line faces of the launcher."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import tomli_w
+
+from services.exceptions import ConfigError
+from services.files import atomic_write_bytes
+from slurm.config import ExperimentConfig, load_experiment, local_run_config
+from slurm.run_folder import RunFolder, private_folder
+
+
+def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "config", type=Path, help="the experiment file (configs/cluster-local.toml)"
+    )
+    parser.add_argument("--nodes", type=int, help="override slurm.nodes")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one value, e.g. --set slurm.time_min=30 --set local.grpo.steps=5",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the sbatch script and the training command; submit nothing",
+    )
+
+
+def run_submit(args: argparse.Namespace) -> None:
+    from slurm.backends import build_backend
+    from slurm.status import remember_job
+    from slurm.submit import sbatch_script, submit
+
+    overrides = list(args.overrides)
+    if args.nodes is not None:
+        overrides.append(f"slurm.nodes={args.nodes}")
+    config = load_experiment(args.config, overrides)
+    run = RunFolder(config.folder)
+    backend = build_backend(config)
+    if args.dry_run:
+        attempt = run.attempt("JOB-RESTART")
+        print("# the sbatch script (submitit renders it; JOB is the job id)")
+        print(sbatch_script(config))
+        print("# the training command node 0 runs, in RUN/attempts/JOB-RESTART")
+        print(" ".join(backend.command(attempt)))
+        return
+    if run.finished.exists():
+        print(f"{run.root} finished already ({run.finished}): nothing to submit")
+        return
+    check_same_run(config, run)
+    private_folder(run.root)
+    private_folder(run.submitit)
+    atomic_write_bytes(run.config, tomli_w.dumps(config.as_dict()).encode())
+    job_id = submit(config)
+    run.record_job({"job_id": job_id, "t": time.time(), "nodes": config.slurm.nodes})
+    remember_job(job_id, run.root)
+    resume = backend.resume_point()
+    print(f"submitted job {job_id}: {config.slurm.nodes} node(s), backend {config.run.backend}")
+    print(f"  run folder  {run.root}")
+    if resume:
+        print(f"  resumes     from {resume}")
+    print(f"  node logs   {run.attempts}/{job_id}-0/node-K.log")
+    print(f"  status      deepdive status {run.root}")
+    print(f"  logs        deepdive logs {run.root} --node 0 --follow")
+
+
+def check_same_run(config: ExperimentConfig, run: RunFolder) -> None:
+    """A run folder that holds checkpoints continues only the run it was started with."""
+    from deepdive.local.paths import RunPaths, resume_point
+
+    if not run.config.is_file():
+        return
+    local = local_run_config(config)
+    resume_point(local, dataclasses.asdict(local), RunPaths(run.root))
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="a run folder, or the id of a job submitted from it")
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+
+
+def run_status(args: argparse.Namespace) -> None:
+    from slurm.scheduler import job_state
+    from slurm.status import find_run, run_status
+
+    status = run_status(find_run(args.run), job_state)
+    if args.json:
+        print(orjson.dumps(status.as_dict()).decode())
+        return
+    state = status.state or ("FINISHED" if status.finished else "not queued")
+    print(f"run       {status.run}")
+    print(f"job       {status.job_id or '-'} ({state})")
+    print(f"attempt   {status.attempt or '-'} ({status.attempts} so far)")
+    print(f"phase     {status.phase or '-'}")
+    for node, phase in sorted(status.nodes.items()):
+        print(f"  node {node}  {phase}")
+    step = "-" if status.step is None else str(status.step)
+    reward = "-" if status.reward is None else f"{status.reward:.3f}"
+    print(f"step      {step} (reward {reward})")
+    print(f"finished  {'yes' if status.finished else 'no'}")
+    for failure in status.failures:
+        print(f"FAILED    node {failure['node']} during {failure['phase']}: {failure['error']}")
+
+
+def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="a run folder, or the id of a job submitted from it")
+    parser.add_argument("--node", type=int, default=0, help="which node (default 0)")
+    parser.add_argument("--attempt", help="which attempt (JOB-RESTART; default the newest)")
+    parser.add_argument(
+        "--follow", action="store_true", help="keep printing, into newer attempts too"
+    )
+
+
+def run_logs(args: argparse.Namespace) -> None:
+    from slurm.status import find_run
+
+    run = find_run(args.run)
+    attempt = run.attempt(args.attempt) if args.attempt else run.latest_attempt()
+    if attempt is None or not attempt.root.is_dir():
+        raise ConfigError(f"{run.root}: no attempt has started yet")
+    path = attempt.node_log(args.node)
+    if not path.is_file() and not args.follow:
+        raise ConfigError(f"{path}: no log (does the job have a node {args.node}?)")
+    offset = _print_from(path, 0)
+    while args.follow:
+        time.sleep(0.5)
+        offset = _print_from(path, offset)
+        newer = run.latest_attempt()
+        if not args.attempt and newer is not None and newer.root != attempt.root:
+            attempt, path, offset = newer, newer.node_log(args.node), 0
+            print(f"--- attempt {newer.root.name} ---", flush=True)
+
+
+def _print_from(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as log:
+            log.seek(offset)
+            data = log.read()
+    except FileNotFoundError:
+        return offset
+    sys.stdout.write(data.decode("utf-8", errors="replace"))
+    sys.stdout.flush()
+    return offset + len(data)
+
+
+def add_cancel_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="a run folder, or the id of a job submitted from it")
+
+
+def run_cancel(args: argparse.Namespace) -> None:
+    from slurm.scheduler import cancel
+    from slurm.status import find_run
+
+    run = find_run(args.run)
+    jobs = run.submitted_jobs()
+    if not jobs:
+        raise ConfigError(f"{run.root}: no job was submitted for this run")
+    job_id = str(jobs[-1]["job_id"])
+    cancel(job_id)
+    print(f"cancelled job {job_id} ({run.root}); its checkpoints stay: submit again to resume")

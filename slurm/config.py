@@ -1,0 +1,201 @@
+"""The experiment file of `deepdive submit` (configs/cluster-local.toml), as typed dataclasses.
+
+One TOML file says where the run lives, what Slurm is asked for, which image runs it, how each
+node's services and bootstrap behave, and what the backend trains. It is checked whole before
+anything is submitted (an unknown key, a wrong type, a missing image or env file names the key
+and what it expects) and saved resolved in the run folder, so a requeued or resubmitted job
+runs exactly what was submitted. Secrets are never part of it: `services.env_file` names a
+file (mode 0600) that each node reads for itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from deepdive.local.config import LocalRunConfig, RunSection
+from services.exceptions import ConfigError
+from services.secrets import check_env_file
+from services.typed_config import load_toml, require
+
+Backend = Literal["local", "slime"]
+
+
+@dataclass(frozen=True)
+class RunTable:
+    """folder: the run folder on storage every node sees (checkpoints, logs, metrics, the
+    resolved config, the submitit folder); relative paths are taken from where you submit."""
+
+    name: str = "deepdive"
+    folder: str = ""
+    backend: Backend = "local"
+
+    def __post_init__(self) -> None:
+        require(bool(self.folder), "run.folder", "a folder on shared storage", self.folder)
+        require(
+            bool(self.name) and all(ch.isalnum() or ch in "-_." for ch in self.name),
+            "run.name",
+            "letters, digits, '-', '_' or '.'",
+            self.name,
+        )
+
+
+@dataclass(frozen=True)
+class SlurmTable:
+    """What sbatch is asked for. One task per node; `extra` takes any other sbatch option
+    ({"mail-type" = "END"}); `setup` lines run in the batch script before srun."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 0  # 0 = the cluster's default
+    mem_gb: float = 0.0  # per node; 0 = the cluster's default
+    time_min: int = 60
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    constraint: str = ""
+    exclusive: bool = False
+    signal_delay_s: int = 90  # USR2 this long before the time limit: requeue and resume
+    max_requeues: int = 3  # preemptions and timeouts a run survives
+    extra: dict[str, str] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        require(self.nodes >= 1, "slurm.nodes", "at least 1", self.nodes)
+        for name in ("gpus_per_node", "cpus_per_task", "max_requeues", "signal_delay_s"):
+            value = getattr(self, name)
+            require(value >= 0, f"slurm.{name}", "0 or more", value)
+        require(self.mem_gb >= 0, "slurm.mem_gb", "0 (default) or more", self.mem_gb)
+        require(self.time_min >= 1, "slurm.time_min", "at least 1 minute", self.time_min)
+        require(
+            self.signal_delay_s < self.time_min * 60,
+            "slurm.signal_delay_s",
+            f"less than the time limit ({self.time_min * 60} s)",
+            self.signal_delay_s,
+        )
+        reserved = {"output", "error", "signal", "nodes", "ntasks-per-node", "open-mode"}
+        for key in self.extra:
+            require(
+                key.replace("_", "-") not in reserved,
+                f"slurm.extra.{key}",
+                "an option the launcher does not set itself",
+                key,
+            )
+
+
+@dataclass(frozen=True)
+class ContainerTable:
+    """image: an Apptainer .sif every node can read; "" = no container, the job runs the
+    Python that submitted it (a virtual environment on shared storage)."""
+
+    image: str = ""
+    apptainer: str = "apptainer"
+    nv: bool = True  # --nv: the host's NVIDIA driver inside the container
+    binds: list[str] = field(default_factory=list)  # also bound: the run folder, /dev/shm
+    options: list[str] = field(default_factory=list)  # e.g. ["--containall"]
+    python: str = "python3"
+
+    def __post_init__(self) -> None:
+        if self.image:
+            require(
+                Path(self.image).expanduser().is_file(),
+                "container.image",
+                "an Apptainer image file (.sif) that exists",
+                self.image,
+            )
+
+
+@dataclass(frozen=True)
+class ServicesTable:
+    """Each node's tool and reward servers. host 127.0.0.1: they answer their own node's
+    rollout worker only; any other address needs DEEPDIVE_SERVICE_TOKEN (environment or env
+    file). env_file: KEY=VALUE secrets (SERPER_API_KEY, ...), mode 0600, read on the node."""
+
+    host: str = "127.0.0.1"
+    env_file: str = ""
+    ready_timeout_s: float = 120.0
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+
+    def __post_init__(self) -> None:
+        require(self.ready_timeout_s > 0, "services.ready_timeout_s", "> 0", self.ready_timeout_s)
+
+
+@dataclass(frozen=True)
+class BootstrapTable:
+    """join_timeout_s: how long a node waits for the others (storage, Ray, services) before
+    the job fails naming the one that is missing."""
+
+    join_timeout_s: float = 300.0
+    stop_timeout_s: float = 15.0  # per process, SIGTERM before SIGKILL
+
+    def __post_init__(self) -> None:
+        require(self.join_timeout_s > 0, "bootstrap.join_timeout_s", "> 0", self.join_timeout_s)
+        require(self.stop_timeout_s > 0, "bootstrap.stop_timeout_s", "> 0", self.stop_timeout_s)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    run: RunTable = field(default_factory=lambda: RunTable(folder="runs/deepdive"))
+    slurm: SlurmTable = field(default_factory=SlurmTable)
+    container: ContainerTable = field(default_factory=ContainerTable)
+    services: ServicesTable = field(default_factory=ServicesTable)
+    bootstrap: BootstrapTable = field(default_factory=BootstrapTable)
+    local: LocalRunConfig = field(default_factory=LocalRunConfig)  # backend = "local"
+
+    def __post_init__(self) -> None:
+        require(
+            self.local.run.out == RunSection().out,
+            "local.run.out",
+            "left unset (on a cluster the run folder is run.folder)",
+            self.local.run.out,
+        )
+        require(
+            self.run.backend == "local",
+            "run.backend",
+            "'local' (the slime backend is not built yet)",
+            self.run.backend,
+        )
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.run.folder)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_experiment(path: Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """The file, the overrides, then every path made absolute (taken from where you submit)."""
+    config = load_toml(path, ExperimentConfig, overrides)
+    return resolved(config)
+
+
+def resolved(config: ExperimentConfig) -> ExperimentConfig:
+    """Paths absolute and the local backend's run folder set to the run folder."""
+    folder = Path(config.run.folder).expanduser().absolute()
+    run = dataclasses.replace(config.run, folder=str(folder))
+    local = dataclasses.replace(
+        config.local, run=dataclasses.replace(config.local.run, out=RunSection().out)
+    )
+    container = config.container
+    if container.image:
+        image = str(Path(container.image).expanduser().absolute())
+        container = dataclasses.replace(container, image=image)
+    services = config.services
+    if services.env_file:
+        env_file = Path(services.env_file).expanduser().absolute()
+        try:  # the file's values are read on the node, never here
+            check_env_file(env_file)
+        except ConfigError as error:
+            raise ConfigError(f"services.env_file: {error.message}") from None
+        services = dataclasses.replace(services, env_file=str(env_file))
+    return dataclasses.replace(config, run=run, local=local, container=container, services=services)
+
+
+def local_run_config(config: ExperimentConfig) -> LocalRunConfig:
+    """The local backend's config, writing into the run folder."""
+    section = dataclasses.replace(config.local.run, out=config.run.folder)
+    return dataclasses.replace(config.local, run=section)

@@ -1,0 +1,156 @@
+"""The run folder on shared storage: what a submitted run keeps, and the notes its nodes leave
+each other there.
+
+    RUN/config.toml             the experiment, resolved (what every attempt runs)
+    RUN/command.txt             the training command line of the last attempt
+    RUN/jobs.jsonl              every submission: job id, time, nodes
+    RUN/finished.json           the run ended well; submitting it again does nothing
+    RUN/submitit/               submitit's folder: the pickled job, sbatch scripts, task logs
+    RUN/attempts/JOB-RESTART/   one folder per attempt (a requeue is a new attempt):
+        node-K.log                  node K's console: bootstrap, and on node 0 the trainer
+        node-K/                     node K's service and Ray logs
+        node-K.phases.jsonl         node K's phases, timestamped
+        storage/node-K              node K's proof that it writes where the others read
+        head.json                   the Ray head's address (node 0)
+        data.json                   the backend's data is ready (node 0)
+        node-K.json                 node K is ready: its ports and service URLs
+        failed-node-K.json          node K failed: the phase and why
+        end.json                    node 0: the trainer ended (exit code), everyone stops
+    RUN/checkpoints, logs/, ...  the backend's own files (checkpoints, metrics)
+
+Every note is written whole (a partial file renamed into place), so a reader on another node
+sees either nothing or all of it. The run folder and the submitit folder are private (0700).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from services.files import atomic_write_bytes
+
+
+def write_json(path: Path, value: Any) -> None:
+    atomic_write_bytes(path, orjson.dumps(value, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def read_json(path: Path) -> Any:
+    """The note at `path`, or None while there is none (or it cannot be read yet)."""
+    try:
+        return orjson.loads(path.read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+
+
+def private_folder(path: Path) -> Path:
+    """`path` and any missing parents created; `path` itself readable by its owner only."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+@dataclass(frozen=True)
+class AttemptFolder:
+    root: Path
+
+    def node_log(self, node: int) -> Path:
+        return self.root / f"node-{node}.log"
+
+    def node_logs(self, node: int) -> Path:
+        return self.root / f"node-{node}"
+
+    def phases(self, node: int) -> Path:
+        return self.root / f"node-{node}.phases.jsonl"
+
+    def storage_probe(self, node: int) -> Path:
+        return self.root / "storage" / f"node-{node}"
+
+    @property
+    def head(self) -> Path:
+        return self.root / "head.json"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data.json"
+
+    def ready(self, node: int) -> Path:
+        return self.root / f"node-{node}.json"
+
+    def failed(self, node: int) -> Path:
+        return self.root / f"failed-node-{node}.json"
+
+    @property
+    def end(self) -> Path:
+        return self.root / "end.json"
+
+    @property
+    def cluster(self) -> Path:
+        return self.root / "cluster.json"
+
+    def failures(self) -> list[dict[str, Any]]:
+        found = []
+        for path in sorted(self.root.glob("failed-node-*.json")):
+            note = read_json(path)
+            if isinstance(note, dict):
+                found.append(note)
+        return found
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def command(self) -> Path:
+        return self.root / "command.txt"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs.jsonl"
+
+    @property
+    def finished(self) -> Path:
+        return self.root / "finished.json"
+
+    @property
+    def submitit(self) -> Path:
+        return self.root / "submitit"
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / "attempts"
+
+    def attempt(self, name: str) -> AttemptFolder:
+        return AttemptFolder(self.attempts / name)
+
+    def latest_attempt(self) -> AttemptFolder | None:
+        """The attempt begun last (by job id, then requeue count)."""
+        names = [path.name for path in self.attempts.glob("*-*") if path.is_dir()]
+        if not names:
+            return None
+        return self.attempt(max(names, key=_attempt_order))
+
+    def submitted_jobs(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.jobs.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        return [orjson.loads(line) for line in lines if line.strip()]
+
+    def record_job(self, job: dict[str, Any]) -> None:
+        with self.jobs.open("ab") as out:
+            out.write(orjson.dumps(job) + b"\n")
+
+
+def _attempt_order(name: str) -> tuple[int, int]:
+    job, _, restart = name.rpartition("-")
+    digits = "".join(ch for ch in job if ch.isdigit())
+    return (int(digits or 0), int(restart) if restart.isdigit() else 0)

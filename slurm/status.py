@@ -1,0 +1,106 @@
+"""What a run is doing, read from its folder (and Slurm): `deepdive status`.
+
+Everything comes from files the job writes anyway: the jobs it was submitted as, the newest
+attempt and its phase logs, the failure notes, the backend's metrics, the finished note.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from services.exceptions import ConfigError
+from slurm.phases import read_phases
+from slurm.run_folder import RunFolder, read_json
+
+
+def jobs_index() -> Path:
+    """Where the CLI remembers which run folder each job id belongs to."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "deepdive" / "jobs.jsonl"
+
+
+def remember_job(job_id: str, folder: Path) -> None:
+    index = jobs_index()
+    index.parent.mkdir(parents=True, exist_ok=True)
+    with index.open("ab") as out:
+        out.write(orjson.dumps({"job_id": job_id, "run": str(folder)}) + b"\n")
+
+
+def find_run(target: str) -> RunFolder:
+    """A run folder, or the run folder a job id was submitted from."""
+    path = Path(target).expanduser()
+    if (path / "config.toml").is_file():
+        return RunFolder(path.absolute())
+    if target.isdigit():
+        try:
+            lines = jobs_index().read_bytes().splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in reversed(lines):
+            entry = orjson.loads(line)
+            if entry.get("job_id") == target:
+                return RunFolder(Path(entry["run"]))
+        raise ConfigError(f"job {target}: not submitted with deepdive submit from this account")
+    raise ConfigError(f"{target}: not a run folder (no config.toml) and not a job id")
+
+
+@dataclass
+class RunStatus:
+    run: Path
+    job_id: str | None = None
+    state: str | None = None  # Slurm's, while it knows the job
+    attempt: str | None = None
+    attempts: int = 0
+    phase: str | None = None  # node 0's newest phase and event
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    step: int | None = None
+    reward: float | None = None
+    finished: bool = False
+    nodes: dict[int, str] = field(default_factory=dict)  # each node's newest phase
+
+    def as_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key != "run"} | {
+            "run": str(self.run)
+        }
+
+
+def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
+    status = RunStatus(run.root)
+    jobs = run.submitted_jobs()
+    if jobs:
+        status.job_id = str(jobs[-1]["job_id"])
+        if state_of is not None:
+            status.state = state_of(status.job_id)
+    status.finished = run.finished.exists()
+    attempts = [path for path in run.attempts.glob("*-*") if path.is_dir()]
+    status.attempts = len(attempts)
+    latest = run.latest_attempt()
+    if latest is not None:
+        status.attempt = latest.root.name
+        status.failures = latest.failures()
+        for phases_file in sorted(latest.root.glob("node-*.phases.jsonl")):
+            lines = read_phases(phases_file)
+            if lines:
+                last = lines[-1]
+                status.nodes[int(last["node"])] = f"{last['phase']} {last['event']}"
+        status.phase = status.nodes.get(0)
+    metrics = run.root / "logs" / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [line for line in metrics.read_bytes().splitlines() if line.strip()]
+        for line in reversed(rows):
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            status.step = row.get("step")
+            status.reward = row.get("reward_mean")
+            break
+    note = read_json(run.finished)
+    if isinstance(note, dict):
+        status.finished = True
+    return status

@@ -1,0 +1,98 @@
+"""From an experiment to a Slurm job, through submitit: the executor's parameters and the
+`python` command are pure functions of the config (golden-tested, printed by --dry-run), and
+submitit renders the sbatch script and submits it.
+
+The job runs one task per node (`srun --kill-on-bad-exit=1`: a node that exits non-zero ends
+the others), each task `python -u -m submitit.core._submit FOLDER` with `python` either the
+interpreter that submitted (a virtual environment on shared storage) or, with an image,
+`apptainer exec --nv --bind RUN --bind /dev/shm IMAGE python3`, so every task runs inside the
+image. The submitit folder is RUN/submitit/%j: the pickled job (the resolved config, no
+secret), the sbatch script and each task's raw log.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from slurm.config import ExperimentConfig
+from slurm.run_folder import RunFolder
+
+# srun's own option: when any task exits non-zero, end the others (fail fast, no stragglers)
+SRUN_ARGS = ("--kill-on-bad-exit=1",)
+
+
+def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
+    """The parameters of submitit's SlurmExecutor (its names: sbatch's, with underscores)."""
+    slurm = config.slurm
+    parameters: dict[str, Any] = {
+        "job_name": config.run.name,
+        "nodes": slurm.nodes,
+        "ntasks_per_node": 1,
+        "time": slurm.time_min,
+        "signal_delay_s": slurm.signal_delay_s,
+        "srun_args": list(SRUN_ARGS),
+    }
+    optional = {
+        "gpus_per_node": slurm.gpus_per_node,
+        "cpus_per_task": slurm.cpus_per_task,
+        "mem": f"{round(slurm.mem_gb * 1024)}MB" if slurm.mem_gb else None,
+        "partition": slurm.partition,
+        "account": slurm.account,
+        "qos": slurm.qos,
+        "constraint": slurm.constraint,
+        "exclusive": slurm.exclusive or None,
+        "setup": list(slurm.setup),
+        "additional_parameters": dict(slurm.extra),
+    }
+    parameters.update({key: value for key, value in optional.items() if value})
+    return parameters
+
+
+def python_command(config: ExperimentConfig) -> str:
+    """The shell command each task starts Python with (submitit's `python` override)."""
+    container = config.container
+    if not container.image:
+        return shlex.quote(sys.executable)
+    binds = [config.run.folder, "/dev/shm", *container.binds]  # noqa: S108 (the host's shm)
+    parts = [container.apptainer, "exec"]
+    if container.nv:
+        parts.append("--nv")
+    for bind in binds:
+        parts += ["--bind", bind]
+    parts += [*container.options, container.image, container.python]
+    return shlex.join(parts)
+
+
+def submitit_folder(config: ExperimentConfig) -> Path:
+    return RunFolder(Path(config.run.folder)).submitit / "%j"
+
+
+def sbatch_script(config: ExperimentConfig) -> str:
+    """The batch script submitit would submit for this config, rendered by submitit itself."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = submitit_folder(config)
+    command = " ".join(
+        [python_command(config), "-u -m submitit.core._submit", shlex.quote(str(folder))]
+    )
+    script: str = _make_sbatch_string(command=command, folder=folder, **executor_parameters(config))
+    return script
+
+
+def submit(config: ExperimentConfig) -> str:
+    """Submit the job (sbatch, through submitit); its id."""
+    import submitit
+
+    from slurm.bootstrap import NodeJob
+
+    executor = submitit.SlurmExecutor(
+        folder=submitit_folder(config),
+        max_num_timeout=config.slurm.max_requeues,
+        python=python_command(config),
+    )
+    executor.update_parameters(**executor_parameters(config))
+    job = executor.submit(NodeJob(config))
+    return str(job.job_id)

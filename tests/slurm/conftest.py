@@ -1,0 +1,49 @@
+"""The Slurm tests' cluster: a private 2-node Slurm on this host, started once for the session
+by the project's own script (scripts/local-slurm.sh) and stopped after. Where Slurm is not
+installed (and cannot be: `make test` installs it as root), the tests that need it skip."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import LOCAL_SLURM
+
+CLUSTER_DIR = "/tmp/deepdive-slurm-tests"  # its own daemons and ports, beside a dev cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> Iterator[dict[str, str]]:
+    """The environment in which `deepdive submit` and Slurm's commands reach the cluster."""
+    missing = [
+        name for name in ("slurmctld", "slurmd", "munged", "sbatch") if not shutil.which(name)
+    ]
+    if missing:
+        pytest.skip(
+            f"Slurm is not installed ({', '.join(missing)} missing); as root, "
+            "`scripts/local-slurm.sh install` installs it (make test does)"
+        )
+    env = {
+        **os.environ,
+        "DEEPDIVE_SLURM_DIR": CLUSTER_DIR,
+        "CTLD_PORT": "16827",
+        "SLURMD_PORT0": "16950",
+    }
+    up = subprocess.run(
+        [str(LOCAL_SLURM), "up"], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    env["SLURM_CONF"] = str(Path(CLUSTER_DIR) / "slurm.conf")
+    yield env
+    subprocess.run([str(LOCAL_SLURM), "down"], env=env, capture_output=True, timeout=180)
+
+
+@pytest.fixture
+def job_env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The cluster's environment, with the CLI's job index kept in this test's folder."""
+    return {**slurm_env, "XDG_STATE_HOME": str(tmp_path / "state")}

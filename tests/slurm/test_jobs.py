@@ -1,0 +1,221 @@
+"""`deepdive submit` on a real Slurm (Debian's slurmctld, slurmd and munge, two emulated nodes
+on this host, started by scripts/local-slurm.sh): real Ray, real services, real requeues."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.helpers import (
+    DEEPDIVE,
+    job_fields,
+    job_left_queue,
+    processes_of_job,
+    submitted_job_id,
+    tiny_job,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+torch = pytest.importorskip("torch")
+
+CANARY_KEY = "serper-canary-7f3e9a41c2b8d605"
+CANARY_TOKEN = "service-token-canary-51c0ffee9e2d"
+JOB_TIMEOUT_S = 300
+
+
+def deepdive(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DEEPDIVE, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def submit(config: Path, env: dict[str, str], *args: str) -> str:
+    result = deepdive("submit", str(config), *args, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return submitted_job_id(result.stdout)
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    return [
+        orjson.loads(line) for line in (run / "logs" / "metrics.jsonl").read_bytes().splitlines()
+    ]
+
+
+def attempts(run: Path) -> list[Path]:
+    return sorted(path for path in (run / "attempts").iterdir() if path.is_dir())
+
+
+def note(path: Path) -> Any:
+    return orjson.loads(path.read_bytes())
+
+
+def weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def every_file(root: Path) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file()]
+
+
+class CommandLines:
+    """Every process's command line, sampled while a job runs (what `ps` shows)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> CommandLines:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            result = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True)
+            self.seen.update(result.stdout.splitlines())
+            self._stop.wait(0.3)
+
+
+def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
+    job_env: dict[str, str], tmp_path: Path
+) -> None:
+    env_file = tmp_path / "keys.env"
+    env_file.write_text(f"SERPER_API_KEY={CANARY_KEY}\nDEEPDIVE_SERVICE_TOKEN={CANARY_TOKEN}\n")
+    env_file.chmod(0o600)
+    run = tmp_path / "run"
+    config = tiny_job(run, extra=f'[services]\nenv_file = "{env_file}"\n')
+    with CommandLines() as commands:
+        submitted = deepdive("submit", str(config), env=job_env)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted_job_id(submitted.stdout)
+        wait_until(lambda: job_left_queue(job_id, job_env), JOB_TIMEOUT_S, "the job to end")
+
+    fields = job_fields(job_id, job_env)
+    assert fields["JobState"] == "COMPLETED", fields
+    assert fields["ExitCode"] == "0:0"
+    assert (run / "finished.json").is_file()
+    (attempt,) = attempts(run)
+    cluster = note(attempt / "cluster.json")
+    assert [node["node"] for node in cluster["nodes"]] == [0, 1]
+    assert "rollout workers: one on each of nodes 0, 1" in (attempt / "node-0.log").read_text()
+    rows = metrics(run)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    for row in rows:  # every step's episodes were played on both nodes, half each
+        assert row["samples_node_0"] == row["samples_node_1"] == 4, row
+    assert sorted(path.name for path in (run / "checkpoints").iterdir())[-1] == "step-000004"
+    for node in (0, 1):  # each node served its own worker (the services logged to its folder)
+        ready = note(attempt / f"node-{node}.json")
+        assert set(ready["services"]) == {"tools", "reward"}
+        assert (attempt / f"node-{node}" / "tools.log").is_file()
+    # the phases are logged with timestamps, in order, on both nodes
+    for node, last in ((0, "training"), (1, "serving")):
+        lines = [
+            orjson.loads(line)
+            for line in (attempt / f"node-{node}.phases.jsonl").read_bytes().splitlines()
+        ]
+        done = [line["phase"] for line in lines if line["event"] == "done"]
+        assert done[:2] == ["storage", "ports"] and done[-1] == last, done
+        assert [line["t"] for line in lines] == sorted(line["t"] for line in lines)
+
+    # secrets: never in argv, the submitit folder (pickles, sbatch script), the run folder, logs
+    assert not [line for line in commands.seen if CANARY_KEY in line or CANARY_TOKEN in line]
+    assert len(commands.seen) > 20  # the sampler did see the job's processes
+    for path in every_file(run):
+        data = path.read_bytes()
+        assert CANARY_KEY.encode() not in data and CANARY_TOKEN.encode() not in data, path
+    assert CANARY_KEY not in submitted.stdout + submitted.stderr
+    # the run and submitit folders are the user's alone
+    for folder in (run, run / "submitit"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+
+    assert not processes_of_job(job_id)  # nothing of the job outlives it
+
+    status = deepdive("status", job_id, env=job_env)  # by job id, through the CLI's index
+    assert status.returncode == 0, status.stderr
+    assert "finished  yes" in status.stdout and "step      4" in status.stdout
+    logs = deepdive("logs", str(run), "--node", "1", env=job_env)
+    assert "phase serving done node=1" in logs.stdout
+    again = deepdive("submit", str(config), env=job_env)  # a finished run does nothing
+    assert again.returncode == 0 and "finished already" in again.stdout
+    assert len((run / "jobs.jsonl").read_bytes().splitlines()) == 1
+
+
+def test_a_preempted_job_resumes_and_ends_as_an_uninterrupted_one(
+    job_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Two jobs at once (no port collision, both finish); one gets USR2 mid-training, as a
+    preemption sends it: it requeues, resumes from its last checkpoint, and its final model is
+    the uninterrupted one's."""
+    steps = 24  # long enough that USR2 lands mid-training
+    preempted, steady = tmp_path / "preempted", tmp_path / "steady"
+    first = submit(tiny_job(preempted, steps), job_env)
+    second = submit(tiny_job(steady, steps), job_env)
+    checkpoints = preempted / "checkpoints"
+    wait_until(
+        lambda: (checkpoints / "step-000002").is_dir(), JOB_TIMEOUT_S, "a checkpoint at step 2"
+    )
+    subprocess.run(["scancel", "--signal=USR2", first], env=job_env, check=True)
+    wait_until(
+        lambda: job_left_queue(first, job_env) and job_left_queue(second, job_env),
+        JOB_TIMEOUT_S,
+        "both jobs to end",
+    )
+    for run in (preempted, steady):
+        assert (run / "finished.json").is_file(), run
+    assert job_fields(first, job_env)["Restarts"] == "1"
+    one, two = attempts(preempted)
+    assert (one.name, two.name) == (f"{first}-0", f"{first}-1")
+    assert note(one / "end.json")["requeue"] is True
+    assert "resumed from" in (two / "node-0.log").read_text()
+    assert [row["step"] for row in metrics(preempted)] == list(range(1, steps + 1))
+    assert len(attempts(steady)) == 1
+    # the two jobs' nodes listened on different ports
+    ports = [
+        set(note(attempts(run)[0] / f"node-{node}.json")["ports"].values())
+        for run in (preempted, steady)
+        for node in (0, 1)
+    ]
+    assert all(not (a & b) for i, a in enumerate(ports) for b in ports[i + 1 :])
+    a, b = weights(preempted / "final_model"), weights(steady / "final_model")
+    assert set(a) == set(b)
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-5), name
+    for row_a, row_b in zip(metrics(preempted), metrics(steady), strict=True):
+        assert row_a["reward_mean"] == row_b["reward_mean"]
+
+
+def test_a_node_that_cannot_start_its_services_fails_the_job_fast(
+    job_env: dict[str, str], tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    started = time.monotonic()
+    job_id = submit(tiny_job(run), {**job_env, "DEEPDIVE_DRILL": "services@1"})
+    wait_until(lambda: job_left_queue(job_id, job_env), 90, "the failed job to end")
+    elapsed = time.monotonic() - started
+    assert elapsed < 60, elapsed
+    fields = job_fields(job_id, job_env)
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] != "0:0", fields
+    (attempt,) = attempts(run)
+    failure = note(attempt / "failed-node-1.json")
+    assert (failure["node"], failure["phase"]) == (1, "services")
+    assert "exited with status" in failure["error"]
+    head = (attempt / "node-0.log").read_text()
+    assert "node 1 failed during services" in head
+    status = deepdive("status", str(run), env=job_env)
+    assert "FAILED    node 1 during services" in status.stdout
+    assert not (run / "finished.json").exists()
+    wait_until(lambda: not processes_of_job(job_id), 15, "the job's processes to be gone")
+    assert os.path.isdir(run / "attempts")

@@ -146,7 +146,7 @@ def describe(hint: Any) -> str:
     if origin in (list, tuple):
         return f"a list of {describe(get_args(hint)[0])}"
     if origin is dict:
-        return f"a table of {describe(get_args(hint)[1])} values"
+        return f"a table of key = value ({describe(get_args(hint)[1])} each)"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 

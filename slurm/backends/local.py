@@ -50,8 +50,9 @@ class LocalBackend:
 
     def command(self, attempt: AttemptFolder) -> list[str]:
         run = RunFolder(Path(self.experiment.run.folder))
+        container = self.experiment.container
         return [
-            sys.executable,
+            container.python if container.image else sys.executable,  # as the node runs it
             "-m",
             TRAINER_MODULE,
             str(run.root),

@@ -1,0 +1,108 @@
+"""What `deepdive submit --dry-run` prints is exactly what would run: the sbatch script submitit
+renders and the training command, checked against recorded files (golden/), as submitit checks
+its own sbatch string against a record. Paths that differ by machine are written {RUN},
+{PYTHON} and {IMAGE} in the records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm.config import load_experiment
+from slurm.submit import executor_parameters, python_command
+from tests.helpers import DEEPDIVE
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+SHIPPED = ROOT / "configs" / "cluster-local.toml"
+
+
+def dry_run(cwd: Path, *args: str) -> str:
+    result = subprocess.run(
+        [*DEEPDIVE, "submit", str(SHIPPED), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def placeholders(text: str, run: Path, image: Path | None = None) -> str:
+    if image is not None:
+        text = text.replace(str(image), "{IMAGE}")
+    return text.replace(str(run), "{RUN}").replace(sys.executable, "{PYTHON}")
+
+
+def check(name: str, text: str) -> None:
+    record = GOLDEN / name
+    if os.environ.get("DEEPDIVE_RECORD_GOLDEN"):  # to re-record after a deliberate change
+        record.write_text(text)
+    assert text == record.read_text()
+
+
+def test_the_dry_run_prints_the_sbatch_script_and_the_command(tmp_path: Path) -> None:
+    out = dry_run(tmp_path)
+    check("dry_run.txt", placeholders(out, tmp_path / "runs" / "cluster-local"))
+    assert not (tmp_path / "runs").exists()  # nothing written, nothing submitted
+
+
+def test_with_an_image_every_task_runs_inside_it(tmp_path: Path) -> None:
+    image = tmp_path / "train.sif"
+    image.write_bytes(b"not really an image")
+    out = dry_run(
+        tmp_path,
+        "--set",
+        f'container.image="{image}"',
+        "--set",
+        'container.binds=["/data"]',
+        "--nodes",
+        "4",
+        "--set",
+        "slurm.gpus_per_node=8",
+        "--set",
+        'slurm.partition="gpu"',
+        "--set",
+        'slurm.extra={"mail-type"="END"}',
+    )
+    check("dry_run_image.txt", placeholders(out, tmp_path / "runs" / "cluster-local", image))
+
+
+def test_executor_parameters_are_a_pure_function_of_the_config(tmp_path: Path) -> None:
+    config = load_experiment(SHIPPED, [f'run.folder="{tmp_path}"', "slurm.exclusive=true"])
+    assert executor_parameters(config) == {
+        "job_name": "deepdive-local",
+        "nodes": 2,
+        "ntasks_per_node": 1,
+        "time": 30,
+        "signal_delay_s": 90,
+        "srun_args": ["--kill-on-bad-exit=1"],
+        "cpus_per_task": 2,
+        "mem": "4096MB",
+        "exclusive": True,
+    }
+    assert python_command(config) == sys.executable
+
+
+@pytest.mark.parametrize("nv", [True, False])
+def test_the_python_command_runs_in_the_image(tmp_path: Path, nv: bool) -> None:
+    image = tmp_path / "x.sif"
+    image.touch()
+    config = load_experiment(
+        SHIPPED,
+        [
+            f'run.folder="{tmp_path / "run"}"',
+            f'container.image="{image}"',
+            f"container.nv={str(nv).lower()}",
+            'container.options=["--containall"]',
+        ],
+    )
+    expected = ["apptainer", "exec", *(["--nv"] if nv else [])]
+    expected += ["--bind", str(tmp_path / "run"), "--bind", "/dev/shm", "--containall"]
+    assert python_command(config) == " ".join([*expected, str(image), "python3"])

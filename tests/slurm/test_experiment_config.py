@@ -1,0 +1,108 @@
+"""`deepdive submit`'s experiment file: checked whole before anything is submitted, each error
+naming the key and what it expects (as the CLI prints it: one line, exit code 2)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from services.exceptions import ConfigError
+from slurm.config import ExperimentConfig, load_experiment, local_run_config
+from tests.helpers import DEEPDIVE
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "configs" / "cluster-local.toml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "experiment.toml"
+    path.write_text(f'[run]\nfolder = "{tmp_path / "run"}"\n' + text)
+    return path
+
+
+def test_the_shipped_experiment_loads_with_absolute_paths() -> None:
+    config = load_experiment(SHIPPED)
+    assert isinstance(config, ExperimentConfig)
+    assert Path(config.run.folder).is_absolute() and config.run.folder.endswith(
+        "runs/cluster-local"
+    )
+    assert config.slurm.nodes == 2 and config.run.backend == "local"
+    assert local_run_config(config).run.out == config.run.folder  # the backend writes there
+
+
+def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
+    config = load_experiment(
+        write(tmp_path, ""),
+        ["slurm.nodes=4", "local.grpo.steps=3", 'slurm.extra={"mail-type"="END"}'],
+    )
+    assert config.slurm.nodes == 4 and config.local.grpo.steps == 3
+    assert config.slurm.extra == {"mail-type": "END"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[slurm]\nnodse = 2\n", "unknown key 'nodse'"),
+        ('[slurm]\nnodes = "two"\n', "slurm.nodes: expected an integer, got a string 'two'"),
+        ("[slurm]\nnodes = 0\n", "slurm.nodes: expected at least 1"),
+        (
+            "[slurm]\ntime_min = 1\nsignal_delay_s = 90\n",
+            "slurm.signal_delay_s: expected less than the time limit (60 s)",
+        ),
+        (
+            '[slurm]\nextra = { output = "x" }\n',
+            "slurm.extra.output: expected an option the launcher does not set itself",
+        ),
+        (
+            "[slurm]\nextra = { mail-type = 3 }\n",
+            "slurm.extra: expected a table of key = value (a string each)",
+        ),
+        (
+            '[container]\nimage = "/nowhere/x.sif"\n',
+            "container.image: expected an Apptainer image file",
+        ),
+        (
+            '[services]\nenv_file = "/nowhere/keys.env"\n',
+            "services.env_file: env file /nowhere/keys.env: no such file",
+        ),
+        ('[local.run]\nout = "elsewhere"\n', "local.run.out: expected left unset"),
+        ("[local.grpo]\nlr = -1\n", "grpo.lr: expected a positive number"),
+        ("[local.grpo]\nstepz = 1\n", "[local.grpo]: unknown key 'stepz'"),
+        ("[run]\n", "Cannot declare"),  # a table written twice is not TOML
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_experiment(write(tmp_path, text))
+    assert message in error.value.message
+    assert str(tmp_path / "experiment.toml") in error.value.message or "env file" in message
+
+
+def test_a_missing_run_folder_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "e.toml"
+    path.write_text('[run]\nname = "x"\n')
+    with pytest.raises(ConfigError, match=r"run\.folder: expected a folder on shared storage"):
+        load_experiment(path)
+
+
+def test_an_env_file_others_can_read_is_refused_before_submission(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.env"
+    keys.write_text("SERPER_API_KEY=secret-value-123\n")
+    keys.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        load_experiment(write(tmp_path, f'[services]\nenv_file = "{keys}"\n'))
+
+
+def test_the_cli_prints_one_line_and_submits_nothing(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*DEEPDIVE, "submit", str(write(tmp_path, "[slurm]\nnodes = -1\n"))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("deepdive: error: ") and "slurm.nodes" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing was created, nothing submitted

@@ -1,0 +1,94 @@
+"""The port plan: below the ephemeral range, distinct per node and per job, checked free."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from slurm.ports import (
+    BLOCK,
+    HIGH,
+    LOW,
+    NodePorts,
+    PortsUnavailable,
+    block_ports,
+    candidate_blocks,
+    first_block,
+    plan_node_ports,
+)
+
+
+def ports_of(plan: NodePorts) -> set[int]:
+    return {port for _, port in plan.all_ports()}
+
+
+def ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except OSError:  # not Linux: the IANA range starts at 49152
+        return 49152
+
+
+def test_every_port_is_below_the_ephemeral_range_and_inside_its_block() -> None:
+    assert ephemeral_low() >= HIGH
+    for slot in range(0, (HIGH - LOW) // BLOCK):
+        plan = block_ports(slot)
+        ports = ports_of(plan)
+        assert len(ports) == len(list(plan.all_ports()))  # no port named twice
+        assert min(ports) >= LOW + slot * BLOCK and max(ports) < LOW + (slot + 1) * BLOCK < HIGH
+
+
+def test_nodes_of_a_job_never_share_a_port() -> None:
+    """Emulated nodes share one host: node k must not collide with node j."""
+    for job in ("7", "12345", "999999"):
+        plans = [next(candidate_blocks(job, node, 8)) for node in range(8)]
+        for i, a in enumerate(plans):
+            for b in plans[i + 1 :]:
+                assert not ports_of(a) & ports_of(b)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+def test_consecutive_jobs_get_disjoint_ports(nodes: int) -> None:
+    for job in range(1, 400):
+        mine = set().union(
+            *(ports_of(next(candidate_blocks(str(job), n, nodes))) for n in range(nodes))
+        )
+        theirs = set().union(
+            *(ports_of(next(candidate_blocks(str(job + 1), n, nodes))) for n in range(nodes))
+        )
+        assert not mine & theirs, job
+
+
+def test_the_plan_is_a_function_of_the_job_id() -> None:
+    assert first_block("4242", 2) == first_block("4242", 2)
+    assert next(candidate_blocks("4242", 1, 2)) == next(candidate_blocks("4242", 1, 2))
+    assert first_block("4242_3", 2) == first_block("42423", 2)  # an array task's id: its digits
+
+
+def test_a_taken_port_moves_the_node_to_the_next_free_block() -> None:
+    planned = next(candidate_blocks("31337", 0, 2))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", planned.tools))
+    holder.listen()
+    try:
+        chosen, notes = plan_node_ports("31337", 0, 2)
+    finally:
+        holder.close()
+    assert chosen != planned and not ports_of(chosen) & ports_of(planned)
+    assert notes and str(planned.tools) in notes[0] and "tools" in notes[0]
+
+
+def test_no_free_block_is_a_clear_error() -> None:
+    holders = []
+    try:
+        for plan in candidate_blocks("5", 0, 1):
+            holder = socket.socket()
+            holder.bind(("0.0.0.0", plan.ray_gcs))
+            holders.append(holder)
+        with pytest.raises(PortsUnavailable, match="no free block"):
+            plan_node_ports("5", 0, 1)
+    finally:
+        for holder in holders:
+            holder.close()

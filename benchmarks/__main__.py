@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import engine, local_training, reward_server, rollout, tool_server
+from benchmarks import engine, job_start, local_training, reward_server, rollout, tool_server
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -139,12 +139,33 @@ def show_local_training(console: Console, results: dict[str, Any]) -> None:
     )
 
 
+def show_job_start(console: Console, results: dict[str, Any]) -> None:
+    table = Table(title="job start -> training started, 2-node local Slurm (medians of 3 jobs)")
+    for column in ("phase", "seconds", "ended at s (job clock)"):
+        table.add_column(column, justify="right")
+    for name, row in results["median_phases"].items():
+        table.add_row(name, f"{row['seconds']:.2f}", f"{row['ended_at_s']:.2f}")
+    console.print(table)
+    console.print(
+        f"job start -> training started: {results['median_job_start_to_training_s']:.1f} s "
+        f"(each job: {', '.join(str(r['job_start_to_training_s']) for r in results['jobs'])}); "
+        f"sbatch -> job start {results['median_submit_to_job_start_s']:.1f} s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
     parser.add_argument(
         "--only",
-        choices=["tool_server", "reward_server", "rollout", "engine", "local_training"],
+        choices=[
+            "tool_server",
+            "reward_server",
+            "rollout",
+            "engine",
+            "job_start",
+            "local_training",
+        ],
         help="run one benchmark",
     )
     args = parser.parse_args()
@@ -174,6 +195,10 @@ def main() -> None:
             f"batch {r['batch']}: {r['tokens_per_s']:.0f} tokens/s" for r in results["runs"]
         )
         console.print(f"local engine ({results['parameters']:,} parameters, one thread): {speeds}")
+    if args.only in (None, "job_start"):
+        results = job_start.run()
+        (RESULTS / "job_start.json").write_text(json.dumps(results, indent=2))
+        show_job_start(console, results)
     if args.only in (None, "local_training"):
         results = local_training.run()
         (RESULTS / "local_training.json").write_text(json.dumps(results, indent=2))

@@ -310,6 +310,14 @@ class NodeBootstrap:
         for failure in self.attempt.failures():
             if failure.get("node") != self.node.node:
                 raise NodeFailed(int(failure["node"]), str(failure["phase"]), str(failure["error"]))
+        trainer = self.trainer
+        if trainer is not None and trainer.poll() is not None and self.phases.current == "join":
+            raise NodeFailed(
+                self.node.node,
+                "training",
+                f"the trainer exited with status {trainer.returncode} before every node was "
+                f"ready (its output is in {self.attempt.node_log(self.node.node)})",
+            )
         end = read_json(self.attempt.end) if self.attempt.end.exists() else None
         if isinstance(end, dict) and end.get("stopped"):
             raise Stopping("the job is being stopped (preemption or time limit)")

@@ -131,68 +131,13 @@ def new_sample() -> LocalSample:
 LOCAL_SLURM = Path(__file__).resolve().parent.parent / "scripts" / "local-slurm.sh"
 
 # Two nodes, a tiny world and policy, a few GRPO steps: a job that trains in seconds.
-TINY_JOB = """
-[run]
-name = "tiny"
-folder = "{folder}"
-[slurm]
-nodes = 2
-cpus_per_task = 1
-mem_gb = 2.5
-time_min = 10
-signal_delay_s = 30
-[bootstrap]
-join_timeout_s = 90
-[local.run]
-seed = 3
-threads = 1
-[local.world]
-seed = 3
-people = 12
-cities = 6
-guilds = 4
-artifacts = 8
-train_questions = 16
-eval_questions = 4
-sft_questions = 16
-max_hops = 3
-[local.model]
-hidden = 32
-layers = 1
-heads = 2
-vocab_size = 600
-[local.rollout]
-max_turns = 3
-max_response_tokens = 48
-max_context_tokens = 1536
-max_batch = 4
-temperature = 1.0
-[local.warm_start]
-epochs = 0.5
-batch_size = 4
-copy_steps = 3
-copy_length = 8
-copy_batch = 4
-lr = 3e-3
-[local.grpo]
-steps = {steps}
-prompts_per_step = 2
-samples_per_prompt = 4
-lr = 1e-3
-[local.checkpoint]
-every = 2
-[local.eval]
-questions = 2
-temperature = 0.0
-samples = 1
-"""
+TINY_JOB = Path(__file__).resolve().parent.parent / "configs" / "cluster-tiny.toml"
 
 
-def tiny_job(folder: Path, steps: int = 4, extra: str = "") -> Path:
-    """An experiment file for a 2-node job training into `folder`."""
-    path = folder.with_suffix(".toml")
-    path.write_text(TINY_JOB.format(folder=folder, steps=steps) + extra)
-    return path
+def tiny_job(folder: Path, steps: int = 4, *sets: str) -> list[str]:
+    """`deepdive submit` arguments for the tiny 2-node job, training into `folder`."""
+    overrides = [f'run.folder="{folder}"', f"local.grpo.steps={steps}", *sets]
+    return [str(TINY_JOB), *(item for value in overrides for item in ("--set", value))]
 
 
 def submitted_job_id(output: str) -> str:

@@ -36,8 +36,8 @@ def deepdive(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
     return subprocess.run([*DEEPDIVE, *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-def submit(config: Path, env: dict[str, str], *args: str) -> str:
-    result = deepdive("submit", str(config), *args, env=env)
+def submit(arguments: list[str], env: dict[str, str]) -> str:
+    result = deepdive("submit", *arguments, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     return submitted_job_id(result.stdout)
 
@@ -96,9 +96,9 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
     env_file.write_text(f"SERPER_API_KEY={CANARY_KEY}\nDEEPDIVE_SERVICE_TOKEN={CANARY_TOKEN}\n")
     env_file.chmod(0o600)
     run = tmp_path / "run"
-    config = tiny_job(run, extra=f'[services]\nenv_file = "{env_file}"\n')
+    job = tiny_job(run, 4, f'services.env_file="{env_file}"')
     with CommandLines() as commands:
-        submitted = deepdive("submit", str(config), env=job_env)
+        submitted = deepdive("submit", *job, env=job_env)
         assert submitted.returncode == 0, submitted.stderr
         job_id = submitted_job_id(submitted.stdout)
         wait_until(lambda: job_left_queue(job_id, job_env), JOB_TIMEOUT_S, "the job to end")
@@ -148,7 +148,7 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
     assert "finished  yes" in status.stdout and "step      4" in status.stdout
     logs = deepdive("logs", str(run), "--node", "1", env=job_env)
     assert "phase serving done node=1" in logs.stdout
-    again = deepdive("submit", str(config), env=job_env)  # a finished run does nothing
+    again = deepdive("submit", *job, env=job_env)  # a finished run does nothing
     assert again.returncode == 0 and "finished already" in again.stdout
     assert len((run / "jobs.jsonl").read_bytes().splitlines()) == 1
 
@@ -219,3 +219,20 @@ def test_a_node_that_cannot_start_its_services_fails_the_job_fast(
     assert not (run / "finished.json").exists()
     wait_until(lambda: not processes_of_job(job_id), 15, "the job's processes to be gone")
     assert os.path.isdir(run / "attempts")
+
+
+def test_cancelling_a_run_ends_its_job_and_leaves_nothing_running(
+    job_env: dict[str, str], tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    job_id = submit(tiny_job(run, 400), job_env)
+    wait_until(lambda: (run / "logs" / "metrics.jsonl").is_file(), JOB_TIMEOUT_S, "training")
+    cancelled = deepdive("cancel", str(run), env=job_env)
+    assert cancelled.returncode == 0 and f"cancelled job {job_id}" in cancelled.stdout
+    wait_until(lambda: job_left_queue(job_id, job_env), 60, "the cancelled job to end")
+    assert job_fields(job_id, job_env)["JobState"] == "CANCELLED"
+    assert not (run / "finished.json").exists()
+    # the services, Ray and the trainer went with SIGTERM; the bootstraps with Slurm's SIGKILL
+    wait_until(lambda: not processes_of_job(job_id), 30, "the job's processes to be gone")
+    (attempt,) = attempts(run)
+    assert not list(attempt.glob("failed-node-*.json"))  # a cancel is not a failure

@@ -300,6 +300,8 @@ class NodeBootstrap:
             what="the trainer",
             check=self._check,
         )
+        if self.terminating:  # it got Slurm's SIGTERM with everything else
+            raise Stopping("Slurm is ending the job (SIGTERM)")
         return trainer.returncode
 
     # -- watching ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ one host register with the same IP, so the IP cannot tell them apart.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -70,7 +71,9 @@ class RayNode:
 
     def command(self) -> list[str]:
         ports = self.ports
-        head = [f"--port={ports.ray_gcs}", f"--ray-client-server-port={ports.ray_client}"]
+        head = [f"--port={ports.ray_gcs}"]
+        if _has_ray_client():  # else Ray starts no client server (and refuses the flag)
+            head.append(f"--ray-client-server-port={ports.ray_client}")
         role = (
             ["--head", *head, "--include-dashboard=false"]
             if self.head_address is None
@@ -169,6 +172,13 @@ class RayNode:
         _signal_group(group, signal.SIGKILL)  # whatever of the group is left
         process.wait()
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # sockets and session logs
+
+
+def _has_ray_client() -> bool:
+    """Ray's own test (ray._private.utils.get_ray_client_dependency_error): with grpc installed
+    a head serves Ray Client, on port 10001 unless told otherwise, and two heads on one host
+    would collide there."""
+    return importlib.util.find_spec("grpc") is not None
 
 
 def _signal_group(group: int, number: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -25,30 +26,40 @@ from services.cli import run_handler
 from services.waiting import wait_for
 from slurm.config import load_experiment, local_run_config
 from slurm.phases import PhaseLog
+from slurm.ray_cluster import node_resource
 from slurm.run_folder import RunFolder, read_json
 
 
 def train(args: argparse.Namespace) -> None:
+    from deepdive.local.ray_rollouts import WorkerPool
     from deepdive.local.run import LocalRun
     from deepdive.local.summary import print_summary
 
     experiment = load_experiment(RunFolder(args.run).config)
-    attempt = args.cluster.parent.name
-    phases = PhaseLog(args.phases, node=0, attempt=attempt)
-    summary = LocalRun(
-        local_run_config(experiment),
-        Console(stderr=True),
-        cluster=functools.partial(node_rollouts, args.cluster, experiment.bootstrap.join_timeout_s),
-        on_event=lambda name: phases.record(name.replace(" ", "_"), "event"),
-    ).run()
+    config = local_run_config(experiment)
+    phases = PhaseLog(args.phases, node=0, attempt=args.cluster.parent.name)
+    # the workers start now, one per node, and import their libraries while this process
+    # builds the data and the policy and the other nodes join
+    resources = [node_resource(node) for node in range(experiment.slurm.nodes)]
+    pool = WorkerPool(os.environ["RAY_ADDRESS"], resources, config.run.threads)
+    timeout_s = experiment.bootstrap.join_timeout_s
+    try:
+        summary = LocalRun(
+            config,
+            Console(stderr=True),
+            cluster=functools.partial(node_rollouts, pool, args.cluster, timeout_s),
+            on_event=lambda name: phases.record(name.replace(" ", "_"), "event"),
+        ).run()
+    finally:
+        pool.close()
     print_summary(summary, Console())
 
 
 def node_rollouts(
-    cluster_file: Path, timeout_s: float, config: Any, paths: Any, say: Any
+    pool: Any, cluster_file: Path, timeout_s: float, config: Any, paths: Any, say: Any
 ) -> AbstractContextManager[Any]:
-    """Once every node is ready (the bootstrap writes cluster.json then): a rollout worker on
-    each, playing against that node's services."""
+    """Once every node is ready (the bootstrap writes cluster.json then): the pool's workers,
+    each playing against its own node's services."""
     from deepdive.local.ray_rollouts import NodeServices, cluster_rollouts
 
     def probe() -> dict[str, Any] | None:
@@ -57,7 +68,7 @@ def node_rollouts(
 
     cluster = wait_for(probe, timeout_s=timeout_s, what=f"every node to be ready ({cluster_file})")
     nodes = [NodeServices(**node) for node in cluster["nodes"]]
-    return cluster_rollouts(nodes, cluster["ray_address"], timeout_s, config, paths, say)
+    return cluster_rollouts(pool, nodes, timeout_s, config, paths, say)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,8 +85,11 @@ def test_no_free_block_is_a_clear_error() -> None:
     try:
         for plan in candidate_blocks("5", 0, 1):
             holder = socket.socket()
-            holder.bind(("0.0.0.0", plan.ray_gcs))
             holders.append(holder)
+            # held whatever its state (a port of an earlier test may linger in TIME_WAIT)
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind(("0.0.0.0", plan.ray_gcs))
+            holder.listen()
         with pytest.raises(PortsUnavailable, match="no free block"):
             plan_node_ports("5", 0, 1)
     finally:

@@ -100,6 +100,9 @@ class RayNode:
             f"--resources={json.dumps({node_resource(self.node): 1})}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
+            # no log monitor (about 1 s of every node's start): workers' output stays in Ray's
+            # session logs; their errors still reach the trainer, as exceptions
+            "--include-log-monitor=false",
         ]
 
     def launch(self) -> None:

@@ -38,6 +38,19 @@ SERVICES: list[Subcommand] = [
 ]
 
 
+def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:
+    """`--set table.key=value`, repeatable: what every command that reads a TOML config takes
+    (services.typed_config.apply_override reads each)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help=f"override one value, e.g. {example} (repeatable)",
+    )
+
+
 def add_subcommands(group: Any, subcommands: Sequence[Subcommand]) -> None:
     for name, summary, description, add_arguments, handler in subcommands:
         parser = group.add_parser(name, help=summary, description=description)

@@ -61,6 +61,14 @@ def child_preexec() -> None:
         signal.signal(number, signal.SIG_IGN)
 
 
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a child's log, for an error that says why it died."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
 class ServiceStartError(ServiceError):
     """A service process exited or did not become ready in time."""
 
@@ -160,11 +168,8 @@ class ServiceProcess:
             f"its log ({self.log_path}) ends with:\n{self._log_tail()}"
         )
 
-    def _log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+    def _log_tail(self) -> str:
+        return log_tail(self.log_path)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         process, self.process = self.process, None

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import tomli_w
 
+from services.cli import add_overrides_argument
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
@@ -22,14 +23,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         "config", type=Path, help="the experiment file (configs/cluster-local.toml)"
     )
     parser.add_argument("--nodes", type=int, help="override slurm.nodes")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.KEY=VALUE",
-        help="override one value, e.g. --set slurm.time_min=30 --set local.grpo.steps=5",
-    )
+    add_overrides_argument(parser, "--set slurm.time_min=30 --set local.grpo.steps=5")
     parser.add_argument(
         "--dry-run",
         action="store_true",

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.exceptions import ServiceError
-from services.process import child_preexec
+from services.process import child_preexec, log_tail
 from services.waiting import WaitTimeout, wait_for
 from slurm.ports import NodePorts
 
@@ -152,11 +152,8 @@ class RayNode:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+    def log_tail(self) -> str:
+        return log_tail(self.log_path)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM to the process group (ray start shuts its processes down), SIGKILL to

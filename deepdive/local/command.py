@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from deepdive.local.engine import DEFAULT_MAX_BATCH
+from services.cli import add_overrides_argument
 from services.exceptions import ConfigError
 
 
@@ -68,14 +69,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         help="a TOML file (configs/local.toml); without one, the embedded defaults",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.KEY=VALUE",
-        help="override one value, e.g. --set grpo.steps=5 --set run.out=runs/b (repeatable)",
-    )
+    add_overrides_argument(parser, "--set grpo.steps=5 --set run.out=runs/b")
 
 
 def run_local(args: argparse.Namespace) -> None:

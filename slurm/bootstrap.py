@@ -62,7 +62,7 @@ FOREVER = float("inf")
 DRILL_ENV = "DEEPDIVE_DRILL"
 DRILL_ARGUMENT = "--refused-by-a-failure-drill"
 # While the node starts, a child that dies is named by its own phase (services, ray).
-STARTING = {"storage", "ports", "launch", "ray", "services"}
+STARTING = {"secrets", "storage", "ports", "launch", "ray", "services"}
 
 
 class NodeJob(submitit.helpers.Checkpointable):
@@ -130,12 +130,17 @@ class NodeBootstrap:
                     return 0
                 except NodeFailed as failure:
                     return self._failed(failure)
+                except Exception as error:  # a bug between phases: still a note for the others
+                    logger.exception("unexpected error")
+                    reason = f"{type(error).__name__}: {error}"
+                    return self._failed(NodeFailed(node.node, self.phases.current, reason))
             self.phases.record("job", "end", exit_code=code)
             return code
 
     def _run_phases(self) -> int:
-        environment = self._secrets()
         node = self.node
+        with self.phases.phase("secrets"):
+            environment = self._secrets()
         with self.phases.phase("storage"):
             self._check_storage()
         with self.phases.phase("ports"):

@@ -127,7 +127,7 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
             for line in (attempt / f"node-{node}.phases.jsonl").read_bytes().splitlines()
         ]
         done = [line["phase"] for line in lines if line["event"] == "done"]
-        assert done[:2] == ["storage", "ports"] and done[-1] == last, done
+        assert done[:3] == ["secrets", "storage", "ports"] and done[-1] == last, done
         assert [line["t"] for line in lines] == sorted(line["t"] for line in lines)
 
     # secrets: never in argv, the submitit folder (pickles, sbatch script), the run folder, logs

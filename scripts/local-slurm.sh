@@ -63,7 +63,10 @@ install() {
     echo "local-slurm: Slurm is not installed; as root: apt-get install slurmctld slurmd slurm-client munge" >&2
     return 1
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurmctld slurmd slurm-client munge >/dev/null
+  local packages=(slurmctld slurmd slurm-client munge)
+  # a fresh machine may have no package lists yet: update them once if the install needs it
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null; }
 }
 
 up() {

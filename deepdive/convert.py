@@ -4,7 +4,8 @@ Input rows carry `question`, `answer`, optional `id` and `aliases`, in JSONL, JS
 Parquet. Each output row is what slime's data loader reads (flags from `slime_flags()`):
 
     {"id", "source", "input_messages": [system, user], "label": answer, "tools": [4 schemas],
-     "metadata": {"id", "source", "aliases", "remote_env_info": {"forbidden_texts": [question]}}}
+     "metadata": {"id", "source", "source_name", "aliases",
+                  "remote_env_info": {"forbidden_texts": [question]}}}
 
 The system prompt and the tool schemas come from deepdive.protocol, so the model is told
 exactly the protocol the rollout parses and the reward server checks.
@@ -183,6 +184,7 @@ def prompt_row(record: QARecord, source: str, system_prompt: str = SYSTEM_PROMPT
         METADATA_KEY: {
             "id": record.id,
             "source": source,
+            "source_name": source,  # slime's per-source metrics read this key (slime/utils/data.py:336)
             "aliases": list(record.aliases),
             "remote_env_info": {"forbidden_texts": [record.question]},
         },

@@ -9,7 +9,10 @@ context. `finish` ends the episode.
 
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
 FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
-aborted or failed: reward 0.0 is set here, so slime never sees None).
+aborted or failed: reward 0 is set here, so slime never sees None, in the shape slime reads
+with --reward-key). With --rollout-top-p < 1 each model turn's kept token ids are stored as
+slime's trainer replays them (deepdive.top_p). --partial-rollout and the fully-async rollout,
+which continue aborted episodes, are refused.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from deepdive.protocol import (
 )
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.sample import status_name, status_of
+from deepdive.top_p import TopPSpans, requested, turn_spans
 from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
 from services.http import Upstream, decode_json_object
 from services.logs import log_event
@@ -90,18 +94,23 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)
+    top_p: TopPSpans | None = None  # with --rollout-top-p < 1 (deepdive.top_p)
 
-    def add_model_turn(self, ids: list[int], logprobs: list[float], text: str) -> None:
-        self.ids += ids
-        self.mask += [1] * len(ids)
-        self.logprobs += logprobs
-        self.parts.append(text)
+    def add_model_turn(self, turn: Turn) -> None:
+        self.ids += turn.ids
+        self.mask += [1] * len(turn.ids)
+        self.logprobs += turn.logprobs
+        self.parts.append(turn.text)
+        if self.top_p is not None and turn.top_p is not None:
+            self.top_p.add_turn(*turn.top_p)
 
     def add_observation(self, ids: list[int], text: str) -> None:
         self.ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
         self.parts.append(text)
+        if self.top_p is not None:
+            self.top_p.add_empty(len(ids))
 
     @property
     def length(self) -> int:
@@ -133,6 +142,7 @@ class Turn:
     logprobs: list[float]
     text: str
     finish_reason: str
+    top_p: tuple[list[int], list[int]] | None = None  # kept ids and offsets, when asked for
 
 
 async def generate_turn(
@@ -164,7 +174,13 @@ async def generate_turn(
         raise UpstreamBadResponse(
             "sglang", "the /generate reply lacks meta_info.output_token_logprobs"
         ) from None
-    return Turn(ids, logprobs, text, str(finish))
+    spans = None
+    if requested(params) and finish != "abort":
+        try:
+            spans = turn_spans(meta if isinstance(meta, dict) else {}, len(ids))
+        except ValueError as error:
+            raise UpstreamBadResponse("sglang", str(error)) from None
+    return Turn(ids, logprobs, text, str(finish), spans)
 
 
 async def call_tool(
@@ -206,10 +222,13 @@ async def generate_with_tool(
     args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Any:
     """slime's custom generate function: the whole multi-turn episode for one sample."""
+    refuse_unsupported_modes(args)
     settings = settings_from_args(args)
     tokenizer = tokenizer_for(args)
     prompt_text = render_prompt(sample, tokenizer)
     trajectory = Trajectory(list(tokenizer.encode(prompt_text, add_special_tokens=False)))
+    if requested(sampling_params):
+        trajectory.top_p = TopPSpans()
     session_id = sample.session_id or f"deepdive-{uuid.uuid4().hex}"
     env = remote_env_info(sample)
     stats = RolloutStats()
@@ -251,7 +270,7 @@ async def generate_with_tool(
             stats.error = "aborted"
             status = "ABORTED"
             break
-        trajectory.add_model_turn(turn.ids, turn.logprobs, turn.text)
+        trajectory.add_model_turn(turn)
         if turn.finish_reason == "length":
             stats.error = "length"
             break
@@ -289,7 +308,9 @@ async def generate_with_tool(
         trajectory.add_observation(ids, text)
     if any(stats.tool_calls[name] for name in BROWSING_TOOLS):
         await close_session(settings, session_id)
-    return _finish_sample(sample, trajectory, prompt_text, session_id, status, stats, evaluation)
+    return _finish_sample(
+        args, sample, trajectory, prompt_text, session_id, status, stats, evaluation
+    )
 
 
 def _turn_params(base: dict[str, Any], max_new: int, turn: int) -> dict[str, Any]:
@@ -302,6 +323,7 @@ def _turn_params(base: dict[str, Any], max_new: int, turn: int) -> dict[str, Any
 
 
 def _finish_sample(
+    args: Any,
     sample: Any,
     trajectory: Trajectory,
     prompt_text: str,
@@ -316,11 +338,14 @@ def _finish_sample(
     sample.response_length = len(trajectory.ids)
     sample.loss_mask = trajectory.mask
     sample.rollout_log_probs = trajectory.logprobs
+    if trajectory.top_p is not None:
+        sample.rollout_top_p_token_ids = trajectory.top_p.ids
+        sample.rollout_top_p_token_offsets = trajectory.top_p.offsets
     sample.session_id = session_id
     sample.status = status_of(sample, status)
     sample.metadata = {**(sample.metadata or {}), "deepdive": stats.as_dict(evaluation)}
-    if status == "ABORTED":
-        sample.reward = 0.0  # defined, so an aborted sample never trains on a missing reward
+    if status == "ABORTED":  # defined, so an aborted sample never trains on a missing reward
+        sample.reward = reward_shaped(args, 0.0)
     log_event(
         logger,
         "rollout",
@@ -345,7 +370,41 @@ def _reward_payload(sample: Any) -> dict[str, Any]:
     }
 
 
-async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
+def reward_shaped(args: Any, value: float) -> Any:
+    """A reward in the shape slime reads it: the number, or, with --reward-key (and
+    --eval-reward-key), a dict holding it under each key, since slime then looks it up by key
+    (slime/utils/types.py, `get_reward_value`, lines 246-247; slime/rollout/sglang_rollout.py,
+    lines 617-620, for evaluation)."""
+    keys = {getattr(args, name, None) for name in ("reward_key", "eval_reward_key")}
+    named = sorted(key for key in keys if isinstance(key, str) and key)
+    return {key: value for key in named} if named else value
+
+
+# What slime does with an aborted sample in these modes needs a rollout that can pick an
+# episode up where it stopped (the tool server's session, the turns so far); this one cannot.
+_CONTINUING_ROLLOUTS = ("slime.rollout.fully_async_rollout.",)
+
+
+def refuse_unsupported_modes(args: Any) -> None:
+    """--partial-rollout and the fully-async rollout hand an aborted sample back to the hook
+    to continue it (slime/rollout/sglang_rollout.py, `abort`, lines 355-370;
+    slime/rollout/fully_async_rollout.py, module docstring) and keep the reward it already has
+    (`generate_and_rm`, line 282): a restarted episode would train on a stale reward. Refused,
+    as DeepDive's own hook does, naming the flag."""
+    if getattr(args, "partial_rollout", False):
+        raise ConfigError(
+            "--partial-rollout: deepdive.rollout.generate_with_tool cannot continue an aborted "
+            "multi-turn episode; run without --partial-rollout"
+        )
+    path = getattr(args, "rollout_function_path", None) or ""
+    if isinstance(path, str) and path.startswith(_CONTINUING_ROLLOUTS):
+        raise ConfigError(
+            f"--rollout-function-path {path}: deepdive.rollout.generate_with_tool cannot "
+            "continue an aborted multi-turn episode; use slime's default rollout function"
+        )
+
+
+async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
     """slime's custom reward: the reward server's strict binary reward (batch form for a group).
 
     Never raises: an aborted sample, a sample without a label or an unreachable reward server
@@ -384,7 +443,8 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> float | list[flo
         for i, result in zip(pending, results, strict=True):
             rewards[i] = _reward_value(result)
             samples[i].metadata = {**(samples[i].metadata or {}), "reward_details": result}
-    return rewards if isinstance(sample, list) else rewards[0]
+    shaped = [reward_shaped(args, reward) for reward in rewards]
+    return shaped if isinstance(sample, list) else shaped[0]
 
 
 async def _evaluate_batch(

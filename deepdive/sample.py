@@ -44,6 +44,9 @@ class LocalSample:
     status: SampleStatus = SampleStatus.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
     session_id: str | None = None
+    # top-p replay in CSR form (slime/utils/types.py, lines 122-125; deepdive.top_p)
+    rollout_top_p_token_ids: list[int] | None = None
+    rollout_top_p_token_offsets: list[int] | None = None
 
 
 Sample: Any = SlimeSample if SlimeSample is not None else LocalSample

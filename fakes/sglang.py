@@ -1,9 +1,16 @@
 """A fake SGLang server for rollout tests: plays scripted turns through /generate, token in and
 token out, with SGLang's response format (text, meta_info.output_token_logprobs as
-[logprob, token_id, None], finish_reason.type stop | length | abort), and records every request."""
+[logprob, token_id, None], finish_reason.type stop | length | abort), and records every request.
+
+Asked for top-p token ids (`sampling_params.custom_params.return_top_p_token_ids`, as slime
+asks with --rollout-top-p < 1), it returns `meta_info.top_p_token_ids` and
+`top_p_token_offsets` as SGLang does, base64 of native int32 (or lists, `top_p_format`):
+position i of a turn kept `kept_ids(token, i)`."""
 
 from __future__ import annotations
 
+import base64
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +36,15 @@ def logprob_of(position: int) -> float:
     return -round(0.05 * (position % 9 + 1), 4)
 
 
+def kept_ids(token: int, position: int) -> list[int]:
+    """The token ids SGLang's top-p kept at one position: the sampled one and 0-2 others."""
+    return [token, *(1000 + token + k for k in range(position % 3))]
+
+
+def _int32_base64(values: list[int]) -> str:
+    return base64.b64encode(array("i", values).tobytes()).decode("ascii")
+
+
 @dataclass
 class ScriptedTurn:
     text: str
@@ -40,6 +56,7 @@ class FakeSGLang:
     script: list[ScriptedTurn]
     requests: list[dict[str, Any]] = field(default_factory=list)
     on_request: Callable[[int], None] | None = None
+    top_p_format: str = "base64"  # base64 | list | missing (a reply that lacks them)
 
     def app(self) -> Starlette:
         tokenizer = ByteTokenizer()
@@ -64,6 +81,16 @@ class FakeSGLang:
                 "output_token_logprobs": pairs,
                 "prompt_tokens": len(body["input_ids"]),
             }
+            custom = body["sampling_params"].get("custom_params") or {}
+            if custom.get("return_top_p_token_ids") and self.top_p_format != "missing":
+                spans = [kept_ids(token, i) for i, token in enumerate(ids)]
+                flat = [token for span in spans for token in span]
+                offsets = [0]
+                for span in spans:
+                    offsets.append(offsets[-1] + len(span))
+                encode = _int32_base64 if self.top_p_format == "base64" else list
+                meta["top_p_token_ids"] = encode(flat)
+                meta["top_p_token_offsets"] = encode(offsets)
             return Response(
                 orjson.dumps({"text": text, "meta_info": meta}), media_type="application/json"
             )

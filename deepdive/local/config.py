@@ -151,7 +151,7 @@ class GRPOSection:
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
     lr: float = 5e-5  # 3e-4 collapses the reading policy in 4 steps
-    normalize_std: bool = True  # slime's --grpo-std-normalization (off: --disable-...)
+    normalize_std: bool = True  # false = slime's --disable-grpo-std-normalization
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0  # > 0 keeps a frozen reference (the warm-started policy)

@@ -1,8 +1,9 @@
 """The GRPO arithmetic, as slime computes it, for the local trainer.
 
-- Advantages (slime's `_post_process_rewards` with `--advantage-estimator grpo
-  --rewards-normalization`): per prompt group, r - mean(r); with `--grpo-std-normalization`
-  (slime's default) divided by std(r) + 1e-6, where std is torch's unbiased one. Every
+- Advantages (slime's `_post_process_rewards` with `--advantage-estimator grpo`, rewards
+  normalised by default: `--disable-rewards-normalization` turns that off): per prompt group,
+  r - mean(r), divided by std(r) + 1e-6 (slime's default; `--disable-grpo-std-normalization`
+  keeps r - mean(r)), where std is torch's unbiased one. Every
   response token of a sample gets its sample's advantage (slime's `get_grpo_returns`).
 - Policy loss (`compute_policy_loss`): ratio = exp(logp - logp_old); the PPO-clip objective
   max(-ratio * A, -clip(ratio, 1 - eps, 1 + eps_high) * A) on loss-mask-1 tokens.

@@ -42,7 +42,7 @@ def placeholders(text: str, run: Path, image: Path | None = None) -> str:
 
 def check(name: str, text: str) -> None:
     record = GOLDEN / name
-    if os.environ.get("DEEPDIVE_RECORD_GOLDEN"):  # to re-record after a deliberate change
+    if os.environ.get("UPDATE_GOLDEN"):  # to re-record after a deliberate change
         record.write_text(text)
     assert text == record.read_text()
 

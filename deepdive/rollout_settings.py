@@ -86,6 +86,13 @@ class RolloutSettings:
         attributes of a Namespace; `settings_from_args` reads back exactly these settings."""
         return {arg_name(item.name): getattr(self, item.name) for item in fields(self)}
 
+    def as_slime_config(self) -> dict[str, Any]:
+        """The keys of the --custom-config-path YAML for slime: everything but the SGLang URL,
+        which inside slime is its router's (`settings_from_args` reads that default)."""
+        keys = self.as_args()
+        del keys[arg_name("sglang_url")]
+        return keys
+
 
 _DEFAULTS = RolloutSettings.__dataclass_fields__
 

@@ -140,7 +140,7 @@ class NodeBootstrap:
     def _run_phases(self) -> int:
         node = self.node
         with self.phases.phase("secrets"):
-            environment = self._secrets()
+            environment = {**self.backend.environment(node_ip()), **self._secrets()}
         with self.phases.phase("storage"):
             self._check_storage()
         with self.phases.phase("ports"):
@@ -168,7 +168,8 @@ class NodeBootstrap:
                 write_json(self.attempt.head, {"address": self.ray.address})
         with self.phases.phase("services"):
             urls = {
-                service.name: service.wait_ready(check=self._check) for service in self.services
+                service.name: reachable(service.wait_ready(check=self._check), node_ip())
+                for service in self.services
             }
         write_json(
             self.attempt.ready(node.node),
@@ -187,12 +188,17 @@ class NodeBootstrap:
             if end.get("stopped"):
                 raise Stopping("node 0 stopped the job")
             return 0
-        # The trainer starts now and loads what it can (its libraries, the data, the policy)
-        # while the other nodes finish; it reads cluster.json, written once all are ready.
+        # A trainer that starts early loads what it can (its libraries, the data, the policy)
+        # while the other nodes finish, and reads cluster.json, written once all are ready;
+        # the others start once every node is ready and the backend has written their input.
         with self.phases.phase("training"):
-            self._start_trainer(environment)
+            if self.backend.starts_early:
+                self._start_trainer(environment)
             with self.phases.phase("join"):
                 self._join()
+            if not self.backend.starts_early:
+                self.backend.before_training(self.attempt, urls)
+                self._start_trainer(environment)
             code = self._wait_for_trainer()
         write_json(self.attempt.end, {"exit_code": code, "t": time.time()})
         if code == 0:
@@ -293,6 +299,7 @@ class NodeBootstrap:
         self.trainer = subprocess.Popen(  # noqa: S603 (the backend's command, no shell)
             command,
             env={**os.environ, **environment, "RAY_ADDRESS": self.ray.address},
+            cwd=self.backend.working_directory(),
             preexec_fn=child_preexec,
         )
 
@@ -386,6 +393,13 @@ class NodeBootstrap:
             service.stop(timeout)
         if self.ray is not None:
             self.ray.stop(timeout)
+
+
+def reachable(url: str, address: str) -> str:
+    """A URL other nodes can use: a wildcard bind address replaced by this node's."""
+    for wildcard in ("//0.0.0.0:", "//[::]:"):
+        url = url.replace(wildcard, f"//{address}:")
+    return url
 
 
 def drilled(phase: str, node: int) -> bool:

@@ -40,6 +40,10 @@ def run_submit(args: argparse.Namespace) -> None:
     if args.nodes is not None:
         overrides.append(f"slurm.nodes={args.nodes}")
     config = load_experiment(args.config, overrides)
+    if config.run.backend == "slime":
+        from slurm.slime_checks import check_slime
+
+        check_slime(config)
     run = RunFolder(config.folder)
     backend = build_backend(config)
     if args.dry_run:
@@ -47,7 +51,7 @@ def run_submit(args: argparse.Namespace) -> None:
         print("# the sbatch script (submitit renders it; JOB is the job id)")
         print(sbatch_script(config))
         print("# the training command node 0 runs, in RUN/attempts/JOB-RESTART")
-        print(" ".join(backend.command(attempt)))
+        print(backend.describe(attempt))
         return
     if run.finished.exists():
         print(f"{run.root} finished already ({run.finished}): nothing to submit")
@@ -69,14 +73,36 @@ def run_submit(args: argparse.Namespace) -> None:
     print(f"  logs        deepdive logs {run.root} --node 0 --follow")
 
 
+# What a slime run's checkpoints fix: another model or layout cannot load them.
+SLIME_FIXED = ("model", "parallelism")
+
+
 def check_same_run(config: ExperimentConfig, run: RunFolder) -> None:
     """A run folder that holds checkpoints continues only the run it was started with."""
     from deepdive.local.paths import RunPaths, resume_point
 
     if not run.config.is_file():
         return
-    local = local_run_config(config)
-    resume_point(local, dataclasses.asdict(local), RunPaths(run.root))
+    saved = load_experiment(run.config)
+    if saved.run.backend != config.run.backend:
+        raise ConfigError(
+            f"{run.root} holds a {saved.run.backend} run: run.backend = "
+            f"{config.run.backend!r} needs another run.folder"
+        )
+    if config.run.backend == "local":
+        local = local_run_config(config)
+        resume_point(local, dataclasses.asdict(local), RunPaths(run.root))
+        return
+    changed = [
+        f"slime.{table}"
+        for table in SLIME_FIXED
+        if getattr(saved.slime, table) != getattr(config.slime, table)
+    ]
+    if changed:
+        raise ConfigError(
+            f"{run.root} was started with another {', '.join(changed)}: its checkpoints "
+            "would not load; choose another run.folder"
+        )
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from deepdive.local.config import LocalRunConfig, RunSection
 from services.exceptions import ConfigError
 from services.secrets import check_env_file
 from services.typed_config import load_toml, require
+from slurm.slime_config import SlimeSection
 
 Backend = Literal["local", "slime"]
 
@@ -118,6 +119,10 @@ class ServicesTable:
     env_file: str = ""
     ready_timeout_s: float = 120.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    # the slime backend's servers (`python -m services tools|reward` arguments; the local
+    # backend serves its own world): e.g. ["--search", "serper", "--reader", "jina"]
+    tools: list[str] = field(default_factory=lambda: ["--search", "offline", "--reader", "offline"])
+    reward: list[str] = field(default_factory=lambda: ["--judge", "rule"])
 
     def __post_init__(self) -> None:
         require(self.ready_timeout_s > 0, "services.ready_timeout_s", "> 0", self.ready_timeout_s)
@@ -144,6 +149,7 @@ class ExperimentConfig:
     services: ServicesTable = field(default_factory=ServicesTable)
     bootstrap: BootstrapTable = field(default_factory=BootstrapTable)
     local: LocalRunConfig = field(default_factory=LocalRunConfig)  # backend = "local"
+    slime: SlimeSection = field(default_factory=SlimeSection)  # backend = "slime"
 
     def __post_init__(self) -> None:
         require(
@@ -151,12 +157,6 @@ class ExperimentConfig:
             "local.run.out",
             "left unset (on a cluster the run folder is run.folder)",
             self.local.run.out,
-        )
-        require(
-            self.run.backend == "local",
-            "run.backend",
-            "'local' (the slime backend is not built yet)",
-            self.run.backend,
         )
 
     @property
@@ -184,6 +184,19 @@ def resolved(config: ExperimentConfig) -> ExperimentConfig:
     if container.image:
         image = str(Path(container.image).expanduser().absolute())
         container = dataclasses.replace(container, image=image)
+    slime = config.slime
+    slime = dataclasses.replace(
+        slime,
+        model=dataclasses.replace(
+            slime.model,
+            hf_checkpoint=absolute(slime.model.hf_checkpoint),
+            ref_load=absolute(slime.model.ref_load),
+        ),
+        rollout=dataclasses.replace(slime.rollout, prompt_data=absolute(slime.rollout.prompt_data)),
+        eval=dataclasses.replace(
+            slime.eval, sets={name: absolute(path) for name, path in slime.eval.sets.items()}
+        ),
+    )
     services = config.services
     if services.env_file:
         env_file = Path(services.env_file).expanduser().absolute()
@@ -193,6 +206,11 @@ def resolved(config: ExperimentConfig) -> ExperimentConfig:
             raise ConfigError(f"services.env_file: {error.message}") from None
         services = dataclasses.replace(services, env_file=str(env_file))
     return dataclasses.replace(config, run=run, local=local, container=container, services=services)
+
+
+def absolute(path: str) -> str:
+    """A path taken from where you submit ("" stays empty)."""
+    return str(Path(path).expanduser().absolute()) if path else path
 
 
 def local_run_config(config: ExperimentConfig) -> LocalRunConfig:

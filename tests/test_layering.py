@@ -22,7 +22,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SLIME_SIDE = ("protocol", "convert", "rollout", "rollout_settings", "clients", "sample", "top_p")
+SLIME_SIDE = (
+    "protocol",
+    "convert",
+    "rollout",
+    "rollout_settings",
+    "clients",
+    "sample",
+    "top_p",
+    "filters",
+)
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string
 

@@ -4,7 +4,7 @@ A backend says what data must exist before the services start (`prepare`, on nod
 services every node runs for it (`services`), the command node 0 runs to train (`command`, the
 job's exit code is that command's) and what a new attempt resumes from (`resume_point`).
 `local` is the CPU GRPO of `deepdive run`, spread over the job's nodes through Ray; `slime`
-(slime's train.py) plugs in here next.
+is slime's train.py with our hooks.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ class ServiceSpec:
 
 class Backend(Protocol):
     name: str
+    # whether node 0 starts the trainer before every node is ready (it then waits for
+    # cluster.json itself) or only once they all are
+    starts_early: bool
 
     def prepare(self) -> dict[str, Any]:
         """Node 0, before any service starts: write what the services read; a summary."""
@@ -34,16 +37,34 @@ class Backend(Protocol):
 
     def services(self) -> list[ServiceSpec]: ...
 
+    def environment(self, node_ip: str) -> dict[str, str]:
+        """What every node's Ray (so every actor) and the trainer need in their environment."""
+        ...
+
+    def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:
+        """Node 0, every node ready: write what the trainer reads (`services`: node 0's URLs)."""
+        ...
+
     def command(self, attempt: AttemptFolder) -> list[str]:
         """The training command line node 0 runs (a pure function of the config)."""
         ...
+
+    def working_directory(self) -> str | None: ...
 
     def resume_point(self) -> str | None:
         """What the next attempt continues from, in words (None: it starts afresh)."""
         ...
 
+    def describe(self, attempt: AttemptFolder) -> str:
+        """The training command as --dry-run prints it."""
+        ...
+
 
 def build_backend(config: ExperimentConfig) -> Backend:
+    if config.run.backend == "slime":
+        from slurm.backends.slime import SlimeBackend
+
+        return SlimeBackend(config)
     from slurm.backends.local import LocalBackend
 
     return LocalBackend(config)

@@ -27,6 +27,7 @@ TRAINER_MODULE = "slurm.backends.local_main"
 
 class LocalBackend:
     name = "local"
+    starts_early = True  # its trainer builds the policy while the nodes join
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.experiment = config
@@ -61,6 +62,18 @@ class LocalBackend:
             "--phases",
             str(attempt.phases(0)),
         ]
+
+    def environment(self, node_ip: str) -> dict[str, str]:
+        return {}
+
+    def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:
+        return None  # the trainer reads cluster.json
+
+    def working_directory(self) -> str | None:
+        return None
+
+    def describe(self, attempt: AttemptFolder) -> str:
+        return " ".join(self.command(attempt))
 
     def resume_point(self) -> str | None:
         latest = load_latest(self.paths.checkpoints)

@@ -1,0 +1,95 @@
+"""`backend = "slime"`: node 0 runs slime's train.py against the job's Ray cluster, with our
+hooks, and every node serves the tool and reward servers of `[services]`.
+
+slime's own actors (its rollout manager, the SGLang engines, the Megatron trainers) run on the
+job's nodes under Ray, so what they need comes through Ray's processes: each node's Ray is
+started with the backend's environment (the Python path to slime and Megatron-LM,
+SLIME_HOST_IP, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME when set, the env file's secrets), and
+our rollout's keys with the service URLs reach `args` through the --custom-config-path YAML,
+which node 0 writes once every node is ready (its URLs are known then). A new attempt
+continues from the newest complete checkpoint in RUN/slime_checkpoints (--load).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slurm.backends import ServiceSpec
+from slurm.config import ExperimentConfig
+from slurm.run_folder import AttemptFolder
+from slurm.slime_args import render, slime_arguments, slime_checkpoints
+
+CUSTOM_CONFIG = "deepdive_rollout.yaml"
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron writes it when a save is complete
+
+
+class SlimeBackend:
+    name = "slime"
+    starts_early = False  # train.py reads the YAML (node 0's URLs) as it starts
+
+    def __init__(self, config: ExperimentConfig) -> None:
+        self.config = config
+
+    def prepare(self) -> dict[str, Any]:
+        slime_checkpoints(self.config).mkdir(parents=True, exist_ok=True)
+        return {"checkpoints": str(slime_checkpoints(self.config))}
+
+    def services(self) -> list[ServiceSpec]:
+        level = ("--log-level", self.config.services.log_level)
+        services = self.config.services
+        return [
+            ServiceSpec("tools", ("tools", *services.tools, *level)),
+            ServiceSpec("reward", ("reward", *services.reward, *level)),
+        ]
+
+    def environment(self, node_ip: str) -> dict[str, str]:
+        slime = self.config.slime
+        paths = [*slime.python_path, os.environ.get("PYTHONPATH", "")]
+        environment = {
+            "PYTHONPATH": ":".join(path for path in paths if path),
+            "SLIME_HOST_IP": node_ip,
+            "PYTHONUNBUFFERED": "1",
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        }
+        if slime.socket_ifname:
+            environment["GLOO_SOCKET_IFNAME"] = slime.socket_ifname
+            environment["NCCL_SOCKET_IFNAME"] = slime.socket_ifname
+        return environment
+
+    def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:
+        """The YAML slime loads onto `args`: our rollout's keys, node 0's service URLs."""
+        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, services)
+        (attempt.root / CUSTOM_CONFIG).write_text(yaml.safe_dump(command.custom_config))
+
+    def command(self, attempt: AttemptFolder) -> list[str]:
+        python = self.config.container.python if self.config.container.image else sys.executable
+        train = str(Path(self.config.slime.slime_root) / "train.py")
+        urls = {"tools": "http://tools.invalid", "reward": "http://reward.invalid"}  # in the YAML only
+        arguments = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls).arguments()
+        return [python, train, *arguments]
+
+    def working_directory(self) -> str | None:
+        return self.config.slime.slime_root
+
+    def resume_point(self) -> str | None:
+        tracker = slime_checkpoints(self.config) / TRACKER
+        try:
+            iteration = tracker.read_text().strip()
+        except OSError:
+            return None
+        return f"iteration {iteration} ({tracker.parent})"
+
+    def describe(self, attempt: AttemptFolder) -> str:
+        """What --dry-run prints: the grouped command line and the YAML."""
+        urls = {"tools": "http://NODE0:TOOLS_PORT", "reward": "http://NODE0:REWARD_PORT"}
+        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls)
+        train = str(Path(self.config.slime.slime_root) / "train.py")
+        return (
+            f"{render(command, train)}\n\n# {attempt.root / CUSTOM_CONFIG}\n"
+            f"{yaml.safe_dump(command.custom_config)}"
+        )

@@ -1,0 +1,252 @@
+"""From an experiment to slime's command line: a pure function of the config (golden-tested,
+printed by --dry-run), grouped as slime's own launch scripts group their flags, plus the
+--custom-config-path YAML that carries our rollout's keys onto slime's `args`
+(slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`).
+
+The hooks are always ours: --custom-generate-function-path and --custom-rm-path (the reward
+server's batch endpoint with aliases and the episode's flags; slime's remote_rm would lose
+them). --group-rm is never emitted: slime's evaluation asserts against it. Checkpoints are
+the run folder's: --save and --load the same folder, so a requeued job continues from the
+newest complete checkpoint (Megatron writes latest_checkpointed_iteration.txt last; without
+one, slime starts from --ref-load, slime/utils/arguments.py, lines 1817-1834).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepdive.rollout_settings import (
+    GENERATE_FUNCTION_PATH,
+    REWARD_FUNCTION_PATH,
+    RolloutSettings,
+)
+from slurm.config import ExperimentConfig
+from slurm.slime_config import SlimeSection
+
+FILTERS = "deepdive.filters"
+# (drop groups whose rewards are all equal, drop groups where every sample failed) -> filter
+DYNAMIC_FILTERS = {
+    (True, False): "drop_uniform_groups",
+    (False, True): "drop_failed_groups",
+    (True, True): "drop_uniform_or_failed_groups",
+}
+PRESETS = Path(__file__).with_name("slime_presets.json")
+
+
+@dataclass(frozen=True)
+class SlimeCommand:
+    groups: list[tuple[str, list[str]]]  # (the group's name, its arguments)
+    custom_config: dict[str, Any]  # the --custom-config-path YAML
+
+    def arguments(self) -> list[str]:
+        return [item for _, items in self.groups for item in items]
+
+    def flags(self) -> list[str]:
+        return [item for item in self.arguments() if item.startswith("--")]
+
+
+def presets() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(PRESETS.read_text())
+    return dict(document["presets"])
+
+
+def architecture(slime: SlimeSection) -> list[str]:
+    """The model's Megatron architecture arguments: a preset's, or the config's own."""
+    if slime.model.architecture:
+        return list(slime.model.architecture)
+    return list(presets()[slime.model.preset]["args"])
+
+
+def _number(value: float) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _switch(flag: str, on: bool) -> list[str]:
+    return [flag] if on else []
+
+
+def slime_checkpoints(config: ExperimentConfig) -> Path:
+    return Path(config.run.folder) / "slime_checkpoints"
+
+
+def slime_arguments(
+    config: ExperimentConfig, custom_config_path: Path, services: dict[str, str]
+) -> SlimeCommand:
+    """slime's argument list and the YAML beside it. `services` are the URLs the rollout
+    reaches the tool and reward servers at (node 0's)."""
+    slime = config.slime
+    model, rollout, algorithm = slime.model, slime.rollout, slime.algorithm
+    optimizer, sglang, parallel = slime.optimizer, slime.sglang, slime.parallelism
+    resources = slime.resources
+    checkpoints = str(slime_checkpoints(config))
+    groups: list[tuple[str, list[str]]] = []
+    groups.append(
+        (
+            "RESOURCES",
+            [
+                "--actor-num-nodes", str(resources.actor_num_nodes),
+                "--actor-num-gpus-per-node", str(resources.actor_num_gpus_per_node),
+                "--rollout-num-gpus", str(resources.rollout_num_gpus),
+                "--rollout-num-gpus-per-engine", str(resources.rollout_num_gpus_per_engine),
+                *_switch("--colocate", resources.colocate),
+                *_switch("--offload", resources.offload),
+            ],
+        )
+    )  # fmt: skip
+    groups.append(
+        (
+            "MODEL_ARGS",
+            [
+                *architecture(slime),
+                "--max-position-embeddings", str(rollout.max_context_len),
+                "--seq-length", str(rollout.max_context_len),
+                "--tokenizer-type", "HuggingFaceTokenizer",
+                "--tokenizer-model", model.hf_checkpoint,
+            ],
+        )
+    )  # fmt: skip
+    ckpt = ["--hf-checkpoint", model.hf_checkpoint]
+    if model.ref_load:
+        ckpt += ["--ref-load", model.ref_load]
+    ckpt += ["--save", checkpoints, "--load", checkpoints]
+    ckpt += ["--save-interval", str(slime.checkpoint.save_interval), "--ckpt-format", "torch_dist"]
+    groups.append(("CKPT_ARGS", ckpt))
+    rollout_args = [
+        "--custom-generate-function-path", GENERATE_FUNCTION_PATH,
+        "--custom-rm-path", REWARD_FUNCTION_PATH,
+        "--custom-config-path", str(custom_config_path),
+        "--prompt-data", rollout.prompt_data,
+        "--input-key", rollout.input_key,
+        "--label-key", rollout.label_key,
+        "--tool-key", rollout.tool_key,
+        "--metadata-key", rollout.metadata_key,
+        *_switch("--apply-chat-template", rollout.apply_chat_template),
+        "--rollout-batch-size", str(rollout.rollout_batch_size),
+        "--n-samples-per-prompt", str(rollout.n_samples_per_prompt),
+        "--global-batch-size", str(rollout.global_batch_size),
+        "--num-steps-per-rollout", str(rollout.num_steps_per_rollout),
+        "--num-rollout", str(rollout.num_rollout),
+        "--rollout-max-context-len", str(rollout.max_context_len),
+        "--rollout-max-response-len", str(rollout.max_response_len),
+        "--rollout-temperature", _number(rollout.temperature),
+        "--rollout-top-p", _number(rollout.top_p),
+    ]  # fmt: skip
+    if rollout.over_sampling_batch_size:
+        rollout_args += ["--over-sampling-batch-size", str(rollout.over_sampling_batch_size)]
+    dynamic_filter = DYNAMIC_FILTERS.get((rollout.drop_uniform_groups, rollout.drop_failed_groups))
+    if dynamic_filter:
+        rollout_args += ["--dynamic-sampling-filter-path", f"{FILTERS}.{dynamic_filter}"]
+    groups.append(("ROLLOUT_ARGS", rollout_args))
+    if slime.eval.sets:
+        evaluation = ["--eval-prompt-data"]
+        for name, path in sorted(slime.eval.sets.items()):
+            evaluation += [name, path]
+        evaluation += ["--n-samples-per-eval-prompt", str(slime.eval.n_samples_per_eval_prompt)]
+        if slime.eval.interval:
+            evaluation += ["--eval-interval", str(slime.eval.interval)]
+        groups.append(("EVAL_ARGS", evaluation))
+    perf = [
+        "--tensor-model-parallel-size", str(parallel.tensor),
+        "--pipeline-model-parallel-size", str(parallel.pipeline),
+        "--context-parallel-size", str(parallel.context),
+        "--expert-model-parallel-size", str(parallel.expert),
+        *_switch("--sequence-parallel", parallel.sequence_parallel),
+    ]  # fmt: skip
+    if parallel.recompute_granularity:
+        perf += ["--recompute-granularity", parallel.recompute_granularity]
+    if parallel.recompute_method:
+        perf += ["--recompute-method", parallel.recompute_method]
+    if parallel.recompute_num_layers:
+        perf += ["--recompute-num-layers", str(parallel.recompute_num_layers)]
+    groups.append(("PERF_ARGS", perf))
+    grpo = ["--advantage-estimator", algorithm.advantage_estimator]
+    if algorithm.use_kl_loss:
+        grpo += ["--use-kl-loss", "--kl-loss-type", algorithm.kl_loss_type]
+        grpo += ["--kl-loss-coef", _number(algorithm.kl_loss_coef)]
+    grpo += [
+        "--kl-coef", _number(algorithm.kl_coef),
+        "--entropy-coef", _number(algorithm.entropy_coef),
+        "--eps-clip", _number(algorithm.eps_clip),
+        "--eps-clip-high", _number(algorithm.eps_clip_high),
+        *_switch("--calculate-per-token-loss", algorithm.calculate_per_token_loss),
+    ]  # fmt: skip
+    groups.append(("GRPO_ARGS", grpo))
+    groups.append(
+        (
+            "OPTIMIZER_ARGS",
+            [
+                "--optimizer", "adam",
+                "--lr", _number(optimizer.lr),
+                "--lr-decay-style", optimizer.lr_decay_style,
+                "--lr-warmup-iters", str(optimizer.lr_warmup_iters),
+                "--weight-decay", _number(optimizer.weight_decay),
+                "--adam-beta1", _number(optimizer.adam_beta1),
+                "--adam-beta2", _number(optimizer.adam_beta2),
+            ],
+        )
+    )  # fmt: skip
+    sglang_args = [
+        "--sglang-mem-fraction-static", _number(sglang.mem_fraction_static),
+        "--sglang-log-level", sglang.log_level,
+        "--sglang-router-request-timeout-secs", str(sglang.router_request_timeout_secs),
+        "--router-balance-abs-threshold", str(sglang.router_balance_abs_threshold),
+    ]  # fmt: skip
+    if sglang.context_length:
+        sglang_args += ["--sglang-context-length", str(sglang.context_length)]
+    groups.append(("SGLANG_ARGS", sglang_args))
+    if slime.fault_tolerance.enabled:
+        groups.append(
+            (
+                "FAULT_TOLERANCE_ARGS",
+                [
+                    "--use-fault-tolerance",
+                    "--rollout-health-check-first-wait",
+                    str(slime.fault_tolerance.first_wait_s),
+                ],
+            )
+        )
+    if slime.extra_args:
+        groups.append(("EXTRA_ARGS", list(slime.extra_args)))
+    return SlimeCommand(groups, custom_config(config, services))
+
+
+def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[str, Any]:
+    """Our rollout's keys as slime sets them on `args` (deepdive.rollout_settings); SGLang is
+    slime's router, the rollout's default."""
+    hook = config.slime.deepdive
+    settings = RolloutSettings(
+        sglang_url="http://router.invalid",  # not written: the router is the default
+        tool_server_url=services["tools"],
+        reward_server_url=services["reward"],
+        max_turns=hook.max_turns,
+        max_context_tokens=config.slime.rollout.max_context_len,
+        on_malformed=hook.on_malformed,
+        tool_timeout_s=hook.tool_timeout_s,
+        reward_timeout_s=hook.reward_timeout_s,
+        generate_timeout_s=hook.generate_timeout_s,
+        retries=hook.retries,
+    )
+    return settings.as_slime_config()
+
+
+def render(command: SlimeCommand, train_py: str) -> str:
+    """The command line as slime's own scripts write it: a bash array per group, then
+    train.py with all of them (a shell runs it as it stands)."""
+    lines = []
+    for name, items in command.groups:
+        lines.append(f"{name}=(")
+        line = "  "
+        for item in items:
+            token = shlex.quote(item)
+            if item.startswith("--") and len(line) + len(token) > 94 and line.strip():
+                lines.append(line)
+                line = "  "
+            line += " " + token
+        lines += [line, ")"]
+    groups = " ".join(f'"${{{name}[@]}}"' for name, _ in command.groups)
+    lines.append(f"python3 {shlex.quote(train_py)} {groups}")
+    return "\n".join(lines)

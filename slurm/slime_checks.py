@@ -1,0 +1,233 @@
+"""What is checked before a slime job is submitted (and a GPU allocated), each error naming the
+config key and what was expected:
+
+- every flag the argument builder emits, and every flag in `slime.extra_args`, exists at the
+  pinned commits (slurm/slime_flags.json: slime silently ignores a flag it does not know);
+- the batch identity slime asserts: rollout_batch_size x n_samples_per_prompt =
+  global_batch_size x num_steps_per_rollout;
+- the GPUs add up: actor nodes x GPUs per node plus rollout GPUs fit in the job (unless
+  colocated, when the rollout uses the actor's GPUs);
+- tensor parallelism divides the attention heads and the query groups;
+- the preset (or the architecture arguments) matches the model's config.json: hidden size,
+  layers, heads, KV heads, vocabulary, FFN size, rope theta;
+- no pair slime cannot run with our hooks: --group-rm with evaluation sets, --partial-rollout,
+  the fully-async rollout; services every node's rollout can reach when the job has more than
+  one node.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any, NoReturn
+
+from services.exceptions import ConfigError
+from slurm.config import ExperimentConfig
+from slurm.slime_args import architecture, presets, slime_arguments
+
+FLAGS = Path(__file__).with_name("slime_flags.json")
+# a model's config.json key -> the Megatron flag that must say the same
+CONFIG_KEYS = {
+    "num_hidden_layers": "--num-layers",
+    "hidden_size": "--hidden-size",
+    "intermediate_size": "--ffn-hidden-size",
+    "num_attention_heads": "--num-attention-heads",
+    "num_key_value_heads": "--num-query-groups",
+    "vocab_size": "--vocab-size",
+    "rope_theta": "--rotary-base",
+}
+REFUSED = {
+    "--group-rm": "slime's evaluation asserts against group RM, and reward_func already "
+    "batches each group (slime/rollout/sglang_rollout.py, lines 477 and 499)",
+    "--partial-rollout": "deepdive.rollout cannot continue an aborted multi-turn episode",
+}
+
+
+@cache
+def slime_flags() -> dict[str, list[str]]:
+    document: dict[str, Any] = json.loads(FLAGS.read_text())
+    return dict(document["flags"])
+
+
+def flag_sources() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(FLAGS.read_text())
+    return dict(document["sources"])
+
+
+def _fail(key: str, message: str) -> NoReturn:
+    raise ConfigError(f"{key}: {message}")
+
+
+def check_slime(config: ExperimentConfig) -> None:
+    slime = config.slime
+    _check_required(config)
+    _check_extra_args(slime.extra_args)
+    emitted = slime_arguments(
+        config, Path("/run/deepdive.yaml"), {"tools": "http://n/", "reward": "http://n/"}
+    )
+    known = slime_flags()
+    for flag in emitted.flags():
+        if flag not in known:  # a bug of the builder: said so, with where the list comes from
+            _fail("slime", f"the builder emits {flag}, which slime does not know at {_pins()}")
+    rollout = slime.rollout
+    samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+    steps = rollout.global_batch_size * rollout.num_steps_per_rollout
+    if samples != steps:
+        _fail(
+            "slime.rollout.global_batch_size",
+            f"rollout_batch_size x n_samples_per_prompt ({rollout.rollout_batch_size} x "
+            f"{rollout.n_samples_per_prompt} = {samples}) must equal global_batch_size x "
+            f"num_steps_per_rollout ({rollout.global_batch_size} x "
+            f"{rollout.num_steps_per_rollout} = {steps})",
+        )
+    _check_gpus(config)
+    args = _arguments(architecture(slime))
+    heads = int(args.get("--num-attention-heads", "0") or 0)
+    groups = int(args.get("--num-query-groups", heads) or heads)
+    tensor = slime.parallelism.tensor
+    for name, count in (("attention heads", heads), ("query groups", groups)):
+        if count and count % tensor:
+            _fail(
+                "slime.parallelism.tensor",
+                f"{tensor} does not divide the model's {count} {name}",
+            )
+    _check_model_config(config, args)
+    if slime.eval.sets and "--group-rm" in slime.extra_args:
+        _fail("slime.extra_args", f"--group-rm with slime.eval.sets: {REFUSED['--group-rm']}")
+    if config.slurm.nodes > 1 and config.services.host in ("127.0.0.1", "localhost", "::1"):
+        _fail(
+            "services.host",
+            "an address the other nodes reach (e.g. 0.0.0.0, with DEEPDIVE_SERVICE_TOKEN in "
+            "the env file): slime's rollout may run on any node and calls node 0's services",
+        )
+
+
+def _pins() -> str:
+    sources = flag_sources()
+    return (
+        f"slime {sources['slime']['commit']}, Megatron-LM {sources['megatron']['commit'][:9]}, "
+        f"SGLang {sources['sglang']['version']}, sglang-router {sources['router']['version']}"
+    )
+
+
+def _check_required(config: ExperimentConfig) -> None:
+    model, rollout = config.slime.model, config.slime.rollout
+    if not model.preset and not model.architecture:
+        _fail("slime.model.preset", f"one of: {', '.join(sorted(presets()))} (or architecture)")
+    if model.preset and model.preset not in presets():
+        _fail(
+            "slime.model.preset",
+            f"one of: {', '.join(sorted(presets()))}; got {model.preset!r}",
+        )
+    if not model.hf_checkpoint:
+        _fail("slime.model.hf_checkpoint", "a Hugging Face model folder (with config.json)")
+    if not (Path(model.hf_checkpoint) / "config.json").is_file():
+        _fail("slime.model.hf_checkpoint", f"{model.hf_checkpoint} has no config.json")
+    if model.ref_load and not Path(model.ref_load).is_dir():
+        _fail("slime.model.ref_load", f"{model.ref_load} is not a folder (a torch_dist checkpoint)")
+    if (
+        config.slime.algorithm.use_kl_loss or config.slime.algorithm.kl_coef
+    ) and not model.ref_load:
+        _fail("slime.model.ref_load", "the reference torch_dist checkpoint (KL needs one)")
+    if not rollout.prompt_data:
+        _fail("slime.rollout.prompt_data", "a JSONL file of prompts (deepdive convert)")
+    if not Path(rollout.prompt_data).is_file():
+        _fail("slime.rollout.prompt_data", f"{rollout.prompt_data}: no such file")
+    for name, path in config.slime.eval.sets.items():
+        if not Path(path).is_file():
+            _fail(f"slime.eval.sets.{name}", f"{path}: no such file")
+    if config.slurm.gpus_per_node < 1:
+        _fail("slurm.gpus_per_node", "at least 1 for the slime backend")
+
+
+def _check_extra_args(extra: list[str]) -> None:
+    known = slime_flags()
+    for index, item in enumerate(extra):
+        if not item.startswith("--"):
+            continue
+        flag = item.split("=", 1)[0]
+        if flag not in known:
+            close = sorted(f for f in known if flag.removeprefix("--sglang-") in f)[:3]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            _fail("slime.extra_args", f"{flag} is not a flag of slime at {_pins()}{hint}")
+        if flag in REFUSED:
+            _fail("slime.extra_args", f"{flag}: {REFUSED[flag]}")
+        if flag == "--rollout-function-path" and "fully_async" in " ".join(
+            extra[index : index + 2]
+        ):
+            _fail(
+                "slime.extra_args",
+                "the fully-async rollout continues aborted episodes, which deepdive.rollout cannot",
+            )
+        kind = known[flag][1]
+        following = extra[index + 1] if index + 1 < len(extra) else None
+        if (
+            kind == "value"
+            and "=" not in item
+            and (following is None or following.startswith("--"))
+        ):
+            _fail("slime.extra_args", f"{flag} takes a value")
+
+
+def _check_gpus(config: ExperimentConfig) -> None:
+    resources, slurm = config.slime.resources, config.slurm
+    if resources.actor_num_nodes > slurm.nodes:
+        _fail(
+            "slime.resources.actor_num_nodes",
+            f"at most slurm.nodes ({slurm.nodes}); got {resources.actor_num_nodes}",
+        )
+    if resources.actor_num_gpus_per_node > slurm.gpus_per_node:
+        _fail(
+            "slime.resources.actor_num_gpus_per_node",
+            f"at most slurm.gpus_per_node ({slurm.gpus_per_node})",
+        )
+    actor = resources.actor_num_nodes * resources.actor_num_gpus_per_node
+    total = slurm.nodes * slurm.gpus_per_node
+    rollout = 0 if resources.colocate else resources.rollout_num_gpus
+    if actor + rollout > total:
+        _fail(
+            "slime.resources.rollout_num_gpus",
+            f"actor ({actor}) + rollout ({resources.rollout_num_gpus}) GPUs must fit the job's "
+            f"{total} ({slurm.nodes} nodes x {slurm.gpus_per_node}), or set colocate = true",
+        )
+
+
+def _arguments(items: list[str]) -> dict[str, str]:
+    """Flag -> its value ("" for a switch)."""
+    found: dict[str, str] = {}
+    for index, item in enumerate(items):
+        if item.startswith("--"):
+            following = items[index + 1] if index + 1 < len(items) else ""
+            found[item] = "" if following.startswith("--") else following
+    return found
+
+
+def _check_model_config(config: ExperimentConfig, args: dict[str, str]) -> None:
+    path = Path(config.slime.model.hf_checkpoint) / "config.json"
+    try:
+        hf = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        _fail("slime.model.hf_checkpoint", f"{path}: unreadable ({error})")
+    hf = {**hf.get("text_config", {}), **hf}
+    if "rope_theta" not in hf:
+        hf["rope_theta"] = (hf.get("rope_parameters") or {}).get("rope_theta")
+    if "--group-query-attention" not in args:
+        args = {**args, "--num-query-groups": args.get("--num-attention-heads", "")}
+    wrong = []
+    for key, flag in CONFIG_KEYS.items():
+        ours, theirs = args.get(flag), hf.get(key)
+        if ours in (None, "") or theirs is None:
+            continue
+        if float(ours) != float(theirs):
+            wrong.append(f"{key} {theirs} != {flag} {ours}")
+    if wrong:
+        where = (
+            f"slime.model.preset {config.slime.model.preset!r}"
+            if config.slime.model.preset
+            else "slime.model.architecture"
+        )
+        _fail(
+            "slime.model.preset" if config.slime.model.preset else "slime.model.architecture",
+            f"{where} does not match {path}: {'; '.join(wrong)}",
+        )

@@ -1,0 +1,275 @@
+"""`backend = "slime"`: slime's GRPO recipe as typed tables (`[slime.*]` of the experiment file), one per argument group of slime's
+own launch scripts, each key named after the slime flag it becomes (slurm/slime_args.py writes
+them; every flag is checked against slime's flag list before submission, slurm/slime_checks.py).
+
+    [slime.model]         preset or explicit architecture arguments; hf_checkpoint, ref_load
+    [slime.checkpoint]    save_interval (the run folder's checkpoints are --save and --load)
+    [slime.parallelism]   TP, PP, CP, EP, sequence parallel, recompute
+    [slime.resources]     actor nodes and GPUs per node, rollout GPUs and GPUs per engine, colocate
+    [slime.rollout]       prompt data and keys, batch sizes, lengths, temperature, top-p, over-sampling
+    [slime.algorithm]     grpo | gspo | ppo | reinforce_plus_plus, KL, clipping, entropy
+    [slime.optimizer]     lr, schedule, weight decay, Adam
+    [slime.sglang]        memory fraction, context length, log level, router
+    [slime.fault_tolerance]  --use-fault-tolerance with a first wait
+    [slime.eval]          named eval sets, samples per prompt, interval
+    [slime.deepdive]      our rollout's keys (the --custom-config-path YAML)
+    [slime] extra_args    anything else, checked against the flag list too
+
+What only the slime backend needs (a model, prompt data) is checked when the backend is slime
+(slurm/slime_checks.py), so a local experiment carries these tables unused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.typed_config import require
+
+Estimator = Literal["grpo", "gspo", "ppo", "reinforce_plus_plus"]
+
+
+@dataclass(frozen=True)
+class SlimeModel:
+    """preset: a name in slurm/slime_presets.json (from slime's scripts/models), or
+    architecture: Megatron's architecture arguments spelled out; not both."""
+
+    preset: str = ""
+    architecture: list[str] = field(default_factory=list)
+    hf_checkpoint: str = ""  # the Hugging Face model (tokenizer, SGLang's weights)
+    ref_load: str = ""  # its torch_dist conversion (`deepdive convert-checkpoint to-megatron`)
+
+    def __post_init__(self) -> None:
+        require(
+            not (self.preset and self.architecture),
+            "slime.model.preset",
+            "empty when slime.model.architecture is given (one of the two)",
+            self.preset,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeCheckpoint:
+    save_interval: int = 20  # rollouts between checkpoints (--save-interval)
+
+    def __post_init__(self) -> None:
+        require(
+            self.save_interval >= 1,
+            "slime.checkpoint.save_interval",
+            "at least 1",
+            self.save_interval,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeParallelism:
+    tensor: int = 1  # --tensor-model-parallel-size
+    pipeline: int = 1  # --pipeline-model-parallel-size
+    context: int = 1  # --context-parallel-size
+    expert: int = 1  # --expert-model-parallel-size
+    sequence_parallel: bool = False
+    recompute_granularity: Literal["", "full", "selective"] = ""
+    recompute_method: Literal["", "uniform", "block"] = ""
+    recompute_num_layers: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("tensor", "pipeline", "context", "expert"):
+            value = getattr(self, name)
+            require(value >= 1, f"slime.parallelism.{name}", "at least 1", value)
+        require(
+            not self.sequence_parallel or self.tensor > 1,
+            "slime.parallelism.sequence_parallel",
+            "false unless tensor > 1 (Megatron requires it)",
+            self.sequence_parallel,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeResources:
+    actor_num_nodes: int = 1
+    actor_num_gpus_per_node: int = 8
+    rollout_num_gpus: int = 8
+    rollout_num_gpus_per_engine: int = 1
+    colocate: bool = False  # actor and rollout share the GPUs (offloading in turn)
+    offload: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
+            value = getattr(self, name)
+            require(value >= 1, f"slime.resources.{name}", "at least 1", value)
+        require(
+            self.rollout_num_gpus >= 0,
+            "slime.resources.rollout_num_gpus",
+            ">= 0",
+            self.rollout_num_gpus,
+        )
+        require(
+            self.rollout_num_gpus % self.rollout_num_gpus_per_engine == 0,
+            "slime.resources.rollout_num_gpus",
+            f"a multiple of rollout_num_gpus_per_engine ({self.rollout_num_gpus_per_engine})",
+            self.rollout_num_gpus,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeRollout:
+    prompt_data: str = ""  # `deepdive convert` output
+    input_key: str = "input_messages"
+    label_key: str = "label"
+    tool_key: str = "tools"
+    metadata_key: str = "metadata"
+    apply_chat_template: bool = True
+    rollout_batch_size: int = 16  # prompts per rollout
+    n_samples_per_prompt: int = 8
+    global_batch_size: int = 128  # samples per optimizer step
+    num_steps_per_rollout: int = 1
+    num_rollout: int = 3000
+    max_context_len: int = 64_000  # --rollout-max-context-len (and Megatron's --seq-length)
+    max_response_len: int = 64_000  # --rollout-max-response-len
+    temperature: float = 1.0
+    top_p: float = 1.0
+    over_sampling_batch_size: int = 0  # 0 = rollout_batch_size; more with a dynamic filter
+    drop_uniform_groups: bool = False  # DAPO's dynamic sampling (deepdive.filters)
+    drop_failed_groups: bool = False  # groups where every sample aborted or was malformed
+
+    def __post_init__(self) -> None:
+        for name in (
+            "rollout_batch_size",
+            "n_samples_per_prompt",
+            "global_batch_size",
+            "num_steps_per_rollout",
+            "num_rollout",
+            "max_context_len",
+            "max_response_len",
+        ):
+            value = getattr(self, name)
+            require(value >= 1, f"slime.rollout.{name}", "at least 1", value)
+        require(
+            self.temperature > 0,
+            "slime.rollout.temperature",
+            "> 0 (slime refuses 0)",
+            self.temperature,
+        )
+        require(0 < self.top_p <= 1, "slime.rollout.top_p", "in (0, 1]", self.top_p)
+        require(
+            self.over_sampling_batch_size == 0
+            or self.over_sampling_batch_size >= self.rollout_batch_size,
+            "slime.rollout.over_sampling_batch_size",
+            f"0 or at least rollout_batch_size ({self.rollout_batch_size})",
+            self.over_sampling_batch_size,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeAlgorithm:
+    advantage_estimator: Estimator = "grpo"
+    use_kl_loss: bool = True
+    kl_loss_type: Literal["kl", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    kl_loss_coef: float = 0.0
+    kl_coef: float = 0.0
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    entropy_coef: float = 0.0
+    calculate_per_token_loss: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("kl_loss_coef", "kl_coef", "eps_clip", "eps_clip_high", "entropy_coef"):
+            value = getattr(self, name)
+            require(value >= 0, f"slime.algorithm.{name}", ">= 0", value)
+        require(
+            self.kl_coef == 0 or self.kl_loss_coef == 0,
+            "slime.algorithm.kl_coef",
+            "0 when kl_loss_coef is set (slime takes one of the two)",
+            self.kl_coef,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeOptimizer:
+    lr: float = 2e-6
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    lr_warmup_iters: int = 0
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+
+    def __post_init__(self) -> None:
+        require(self.lr > 0, "slime.optimizer.lr", "a positive number", self.lr)
+        require(self.weight_decay >= 0, "slime.optimizer.weight_decay", ">= 0", self.weight_decay)
+
+
+@dataclass(frozen=True)
+class SlimeSGLang:
+    mem_fraction_static: float = 0.8
+    context_length: int = 0  # 0 = the model's
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    router_request_timeout_secs: int = 36_000
+    router_balance_abs_threshold: int = 0  # DeepDive's script misspells it --sglang-router-…
+
+    def __post_init__(self) -> None:
+        require(
+            0 < self.mem_fraction_static < 1,
+            "slime.sglang.mem_fraction_static",
+            "in (0, 1)",
+            self.mem_fraction_static,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeFaultTolerance:
+    enabled: bool = False  # --use-fault-tolerance: SGLang engines health-checked, restarted
+    first_wait_s: int = 300  # --rollout-health-check-first-wait (must be > 0 with it on)
+
+    def __post_init__(self) -> None:
+        require(
+            not self.enabled or self.first_wait_s > 0,
+            "slime.fault_tolerance.first_wait_s",
+            "> 0 with fault tolerance on (engines need time to load)",
+            self.first_wait_s,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeEval:
+    sets: dict[str, str] = field(default_factory=dict)  # name -> JSONL (--eval-prompt-data)
+    n_samples_per_eval_prompt: int = 1
+    interval: int = 0  # rollouts between evaluations; 0 = no evaluation
+
+    def __post_init__(self) -> None:
+        require(
+            not self.interval or bool(self.sets),
+            "slime.eval.interval",
+            "0 unless slime.eval.sets names at least one set",
+            self.interval,
+        )
+
+
+@dataclass(frozen=True)
+class SlimeDeepDive:
+    """Our rollout's keys (deepdive.rollout_settings), in the --custom-config-path YAML."""
+
+    max_turns: int = 64
+    on_malformed: Literal["fail", "continue"] = "fail"
+    tool_timeout_s: float = 300.0
+    reward_timeout_s: float = 600.0
+    generate_timeout_s: float = 1800.0
+    retries: int = 5
+
+
+@dataclass(frozen=True)
+class SlimeSection:
+    slime_root: str = "/root/slime"  # where train.py is (slime's image)
+    python_path: list[str] = field(default_factory=lambda: ["/root/slime", "/root/Megatron-LM"])
+    socket_ifname: str = ""  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; "" = let them choose
+    model: SlimeModel = field(default_factory=SlimeModel)
+    checkpoint: SlimeCheckpoint = field(default_factory=SlimeCheckpoint)
+    parallelism: SlimeParallelism = field(default_factory=SlimeParallelism)
+    resources: SlimeResources = field(default_factory=SlimeResources)
+    rollout: SlimeRollout = field(default_factory=SlimeRollout)
+    algorithm: SlimeAlgorithm = field(default_factory=SlimeAlgorithm)
+    optimizer: SlimeOptimizer = field(default_factory=SlimeOptimizer)
+    sglang: SlimeSGLang = field(default_factory=SlimeSGLang)
+    fault_tolerance: SlimeFaultTolerance = field(default_factory=SlimeFaultTolerance)
+    eval: SlimeEval = field(default_factory=SlimeEval)
+    deepdive: SlimeDeepDive = field(default_factory=SlimeDeepDive)
+    extra_args: list[str] = field(default_factory=list)

@@ -69,7 +69,10 @@ class SlimeBackend:
     def command(self, attempt: AttemptFolder) -> list[str]:
         python = self.config.container.python if self.config.container.image else sys.executable
         train = str(Path(self.config.slime.slime_root) / "train.py")
-        urls = {"tools": "http://tools.invalid", "reward": "http://reward.invalid"}  # in the YAML only
+        urls = {
+            "tools": "http://tools.invalid",
+            "reward": "http://reward.invalid",
+        }  # in the YAML only
         arguments = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls).arguments()
         return [python, train, *arguments]
 

@@ -65,6 +65,24 @@ COMMANDS: list[Subcommand] = [
         slurm_command.add_cancel_arguments,
         slurm_command.run_cancel,
     ),
+    (
+        "convert-checkpoint",
+        "convert a model to Megatron's format, or a checkpoint back to Hugging Face (a job)",
+        "Run slime's conversion tools as a one-node Slurm job in the training image: "
+        "to-megatron makes the torch_dist reference from slime.model.hf_checkpoint, to-hf "
+        "turns a training checkpoint into a Hugging Face folder.",
+        slurm_command.add_convert_checkpoint_arguments,
+        slurm_command.run_convert_checkpoint,
+    ),
+    (
+        "eval",
+        "evaluate checkpoints on an eval set with the rollout and the services of training",
+        "Serve each checkpoint (the local engine on CPU, SGLang on a GPU), play the eval set "
+        "through the same rollout and reward, and write per-question results, a summary and "
+        "a comparison table.",
+        slurm_command.add_eval_arguments,
+        slurm_command.run_eval,
+    ),
 ]
 ENGINE: Subcommand = (
     "engine",

@@ -189,3 +189,79 @@ def run_cancel(args: argparse.Namespace) -> None:
     job_id = str(jobs[-1]["job_id"])
     cancel(job_id)
     print(f"cancelled job {job_id} ({run.root}); its checkpoints stay: submit again to resume")
+
+
+def add_convert_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("direction", choices=["to-megatron", "to-hf"])
+    parser.add_argument("config", type=Path, help="the experiment file (backend = slime)")
+    parser.add_argument(
+        "--iteration", default="latest", help="to-hf: a training iteration, or latest"
+    )
+    add_overrides_argument(parser, '--set slime.model.hf_checkpoint="/models/Qwen3-8B"')
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the job and the command; submit nothing"
+    )
+
+
+def run_convert_checkpoint(args: argparse.Namespace) -> None:
+    from slurm.conversion import executor_parameters, plan, submit
+    from slurm.submit import sbatch_script
+
+    config = load_experiment(args.config, args.overrides)
+    if config.run.backend != "slime":
+        raise ConfigError(
+            f"{args.config}: convert-checkpoint converts slime checkpoints (backend = slime)"
+        )
+    conversion = plan(config, args.direction, args.iteration)
+    if conversion.output.exists():
+        raise ConfigError(f"{conversion.output} exists already: nothing to convert")
+    python = config.container.python if config.container.image else sys.executable
+    command = " ".join(conversion.command(python, conversion.output))
+    if args.dry_run:
+        print("# the sbatch script (one node, the training image)")
+        print(sbatch_script(config, executor_parameters(config)))
+        print("# the conversion it runs (into a partial folder, renamed to the output on success)")
+        print(command)
+        return
+    run = RunFolder(config.folder)
+    private_folder(run.root)
+    private_folder(run.submitit)
+    job_id = submit(config, conversion)
+    print(f"submitted job {job_id}: {args.direction}, writing {conversion.output}")
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="the experiment file the checkpoints belong to")
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        metavar="PATH|latest",
+        help="a model folder, a training checkpoint, or latest (repeat to compare several)",
+    )
+    parser.add_argument("--data", type=Path, required=True, help="prompt rows (deepdive convert)")
+    parser.add_argument("--samples", type=int, default=1, help="episodes per question (pass@K)")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--questions", type=int, default=0, help="the first N only (0: all)")
+    parser.add_argument("--out", type=Path, help="where results go (default RUN/eval/TIME)")
+    add_overrides_argument(parser, "--set local.rollout.max_turns=8")
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    from rich.console import Console
+
+    from slurm.evaluate import evaluate, read_rows, resolve
+
+    config = load_experiment(args.config, args.overrides)
+    if args.samples < 1:
+        raise ConfigError(f"--samples: expected at least 1, got {args.samples}")
+    if args.temperature < 0:
+        raise ConfigError(f"--temperature: expected >= 0, got {args.temperature}")
+    checkpoints = [resolve(config, spec) for spec in args.checkpoint]
+    rows = read_rows(args.data)
+    if args.questions:
+        rows = rows[: args.questions]
+    out = args.out or config.folder / "eval" / time.strftime("%Y%m%d-%H%M%S")
+    console = Console()
+    evaluate(config, checkpoints, rows, args.samples, args.temperature, out, console)
+    console.print(f"results: {out / 'results.jsonl'}, summary: {out / 'summary.json'}")

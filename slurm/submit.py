@@ -70,15 +70,17 @@ def submitit_folder(config: ExperimentConfig) -> Path:
     return RunFolder(Path(config.run.folder)).submitit / "%j"
 
 
-def sbatch_script(config: ExperimentConfig) -> str:
-    """The batch script submitit would submit for this config, rendered by submitit itself."""
+def sbatch_script(config: ExperimentConfig, parameters: dict[str, Any] | None = None) -> str:
+    """The batch script submitit would submit for this config (the training job's
+    parameters, or others: a conversion job's), rendered by submitit itself."""
     from submitit.slurm.slurm import _make_sbatch_string
 
     folder = submitit_folder(config)
     command = " ".join(
         [python_command(config), "-u -m submitit.core._submit", shlex.quote(str(folder))]
     )
-    script: str = _make_sbatch_string(command=command, folder=folder, **executor_parameters(config))
+    parameters = parameters or executor_parameters(config)
+    script: str = _make_sbatch_string(command=command, folder=folder, **parameters)
     return script
 
 

@@ -219,6 +219,18 @@ def _read(path: Path, step: int) -> dict[str, Any]:
     return state
 
 
+def load_checkpoint(path: Path) -> tuple[int, dict[str, Any]]:
+    """One checkpoint folder (`step-NNNNNN`) as (step, state); a ValueError saying why it
+    cannot be loaded (not a checkpoint, incomplete, corrupt)."""
+    step = _step(path)
+    if step is None or not path.is_dir():
+        raise ValueError(f"{path}: not a checkpoint folder (step-NNNNNN)")
+    try:
+        return step, _read(path, step)
+    except _Unloadable as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
 def load_latest(folder: Path) -> tuple[int, dict[str, Any]] | None:
     """The newest checkpoint that loads, as (step, state); None when none does.
 

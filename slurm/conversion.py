@@ -1,0 +1,164 @@
+"""`deepdive convert-checkpoint to-megatron|to-hf CONFIG`: slime's conversion tools as Slurm jobs
+of the same CLI and config, on one GPU node in the training image.
+
+- to-megatron: tools/convert_hf_to_torch_dist.py with the model's architecture arguments (the
+  preset's) turns `slime.model.hf_checkpoint` into the torch_dist checkpoint training loads as
+  `--ref-load` (written at `slime.model.ref_load`, or RUN/converted/NAME_torch_dist);
+- to-hf: tools/convert_torch_dist_to_hf.py turns a training checkpoint (`--iteration N` or
+  `latest`, the tracker's) into a Hugging Face folder SGLang and `deepdive eval` serve
+  (RUN/converted/iter_NNNNNNN_hf).
+
+The tool writes into a partial folder beside the target; only a conversion that exits 0 is
+renamed into place (services.files.publish), so a job that dies leaves nothing a later job
+could mistake for complete.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from services.exceptions import ConfigError, ServiceError
+from services.files import partial_path, publish, remove
+from services.process import child_preexec
+from slurm.config import ExperimentConfig
+from slurm.slime_args import architecture, slime_checkpoints
+from slurm.submit import python_command
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+class ConversionFailed(ServiceError):
+    code = "conversion_failed"
+
+
+@dataclass(frozen=True)
+class Conversion:
+    direction: str  # to-megatron | to-hf
+    tool: str  # slime's script
+    arguments: list[str]  # the tool's arguments, the output flag last
+    output: Path
+
+    def command(self, python: str, output: Path) -> list[str]:
+        return [python, self.tool, *self.arguments, str(output)]
+
+
+def converted(config: ExperimentConfig) -> Path:
+    return Path(config.run.folder) / "converted"
+
+
+def iteration_folder(config: ExperimentConfig, iteration: str) -> tuple[int, Path]:
+    """A training checkpoint: iteration N, or the newest complete one (Megatron's tracker)."""
+    folder = slime_checkpoints(config)
+    if iteration == "latest":
+        try:
+            iteration = (folder / TRACKER).read_text().strip()
+        except OSError:
+            raise ConfigError(
+                f"--iteration latest: {folder} has no complete checkpoint ({TRACKER} missing)"
+            ) from None
+    if not iteration.isdigit():
+        raise ConfigError(f"--iteration: expected a number or latest, got {iteration!r}")
+    path = folder / f"iter_{int(iteration):07d}"
+    if not path.is_dir():
+        raise ConfigError(f"--iteration {iteration}: no checkpoint at {path}")
+    return int(iteration), path
+
+
+def plan(config: ExperimentConfig, direction: str, iteration: str = "latest") -> Conversion:
+    slime = config.slime
+    tools = Path(slime.slime_root) / "tools"
+    hf = slime.model.hf_checkpoint
+    if not hf or not (Path(hf) / "config.json").is_file():
+        raise ConfigError(f"slime.model.hf_checkpoint: {hf or '(unset)'} has no config.json")
+    if direction == "to-megatron":
+        output = (
+            Path(slime.model.ref_load)
+            if slime.model.ref_load
+            else (converted(config) / f"{Path(hf).name}_torch_dist")
+        )
+        arguments = [*architecture(slime), "--hf-checkpoint", hf, "--save"]
+        return Conversion(direction, str(tools / "convert_hf_to_torch_dist.py"), arguments, output)
+    if direction == "to-hf":
+        number, source = iteration_folder(config, iteration)
+        output = converted(config) / f"iter_{number:07d}_hf"
+        arguments = ["--input-dir", str(source), "--origin-hf-dir", hf, "--output-dir"]
+        return Conversion(direction, str(tools / "convert_torch_dist_to_hf.py"), arguments, output)
+    raise ConfigError(f"convert-checkpoint: expected to-megatron or to-hf, got {direction!r}")
+
+
+def run_to_folder(
+    build: Callable[[Path], list[str]], output: Path, environment: dict[str, str] | None = None
+) -> None:
+    """Run the tool `build(folder)` returns, writing a folder: into a partial beside `output`,
+    renamed in on exit 0; removed, and `output` untouched, on anything else."""
+    if output.exists():
+        raise ConfigError(f"{output} exists already: remove it to convert again")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(output)
+    argv = build(partial)
+    try:
+        code = subprocess.call(argv, env=environment, preexec_fn=child_preexec)  # noqa: S603
+    except BaseException:
+        remove(partial)
+        raise
+    if code != 0 or not partial.exists():
+        remove(partial)
+        raise ConversionFailed(
+            f"{Path(argv[1]).name} exited with status {code}; nothing was written to {output}"
+        )
+    publish(partial, output, replace=False)
+
+
+class ConversionJob:
+    """What the conversion job runs on its node (submitit pickles it: the config, no secret)."""
+
+    def __init__(self, config: ExperimentConfig, conversion: Conversion) -> None:
+        self.config = config
+        self.conversion = conversion
+
+    def __call__(self) -> str:
+        slime = self.config.slime
+        environment = {"PYTHONPATH": ":".join(slime.python_path), "PYTHONUNBUFFERED": "1"}
+        conversion = self.conversion
+        started = time.monotonic()
+        run_to_folder(
+            lambda folder: conversion.command(sys.executable, folder),
+            conversion.output,
+            {**os.environ, **environment},
+        )
+        print(f"converted in {time.monotonic() - started:.0f} s: {self.conversion.output}")
+        return str(self.conversion.output)
+
+
+def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
+    """One node, one task, the job's GPUs per node: the conversion tools load the model there."""
+    slurm = config.slurm
+    parameters: dict[str, Any] = {
+        "job_name": f"{config.run.name}-convert",
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "time": slurm.time_min,
+        "gpus_per_node": max(1, slurm.gpus_per_node),
+    }
+    for name in ("partition", "account", "qos", "constraint"):
+        if getattr(slurm, name):
+            parameters[name] = getattr(slurm, name)
+    if slurm.cpus_per_task:
+        parameters["cpus_per_task"] = slurm.cpus_per_task
+    return parameters
+
+
+def submit(config: ExperimentConfig, conversion: Conversion) -> str:
+    folder = Path(config.run.folder) / "submitit" / "%j"
+    executor = submitit.SlurmExecutor(folder=folder, python=python_command(config))
+    executor.update_parameters(**executor_parameters(config))
+    return str(executor.submit(ConversionJob(config, conversion)).job_id)

@@ -1,0 +1,95 @@
+"""What `deepdive eval` writes: one row per episode (results.jsonl) and, per checkpoint, the
+summary a comparison needs (summary.json, and a table on the console)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from deepdive.sample import status_name
+
+
+def episode_row(
+    checkpoint: str, row: dict[str, Any], sample: Any, group_size: int
+) -> dict[str, Any]:
+    """One episode: the question, the trajectory, the answer the judge read, the reward."""
+    stats = (sample.metadata or {}).get("deepdive") or {}
+    details = (sample.metadata or {}).get("reward_details") or {}
+    messages = row.get("input_messages") or []
+    question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
+    return {
+        "checkpoint": checkpoint,
+        "id": row.get("id"),
+        "sample": (sample.index or 0) % group_size,
+        "question": question,
+        "label": row.get("label"),
+        "answer": details.get("extracted_answer") if isinstance(details, dict) else None,
+        "reward": float(sample.reward) if isinstance(sample.reward, int | float) else 0.0,
+        "status": status_name(sample),
+        "turns": stats.get("turns", 0),
+        "tool_calls": stats.get("tool_calls", {}),
+        "error": stats.get("error"),
+        "trajectory": sample.response,
+    }
+
+
+def _reason(error: Any) -> str:
+    """An error's kind, without the details that make every one different."""
+    text = str(error)
+    return text.split(":", 1)[0] if ":" in text else text
+
+
+def summarize(rows: list[dict[str, Any]], samples: int) -> dict[str, Any]:
+    """accuracy: the mean reward over every sample (mean pass@1); pass@K: questions with at
+    least one rewarded sample; turns and tool calls per episode; why episodes did not finish."""
+    by_question: dict[Any, list[float]] = {}
+    for row in rows:
+        by_question.setdefault(row["id"], []).append(row["reward"])
+    calls: Counter[str] = Counter()
+    for row in rows:
+        calls.update(row["tool_calls"])
+    count = max(1, len(rows))
+    return {
+        "questions": len(by_question),
+        "episodes": len(rows),
+        "samples_per_question": samples,
+        "accuracy": sum(row["reward"] for row in rows) / count,
+        f"pass_at_{samples}": sum(1 for r in by_question.values() if max(r) > 0)
+        / max(1, len(by_question)),
+        "turns_mean": sum(row["turns"] for row in rows) / count,
+        "tool_calls_mean": {name: n / count for name, n in sorted(calls.items())},
+        "statuses": dict(Counter(row["status"] for row in rows)),
+        "failure_reasons": dict(
+            Counter(_reason(row["error"]) for row in rows if row["error"]).most_common()
+        ),
+    }
+
+
+def print_table(summaries: dict[str, dict[str, Any]], samples: int, console: Console) -> None:
+    table = Table(title=f"deepdive eval: {samples} sample(s) per question")
+    for column in (
+        "checkpoint",
+        "questions",
+        "accuracy",
+        f"pass@{samples}",
+        "turns",
+        "tool calls",
+        "failures",
+    ):
+        table.add_column(column, justify="left" if column == "checkpoint" else "right")
+    for name, summary in summaries.items():
+        calls = sum(summary["tool_calls_mean"].values())
+        failures = ", ".join(f"{k} {v}" for k, v in list(summary["failure_reasons"].items())[:3])
+        table.add_row(
+            name,
+            str(summary["questions"]),
+            f"{summary['accuracy']:.3f}",
+            f"{summary[f'pass_at_{samples}']:.3f}",
+            f"{summary['turns_mean']:.1f}",
+            f"{calls:.1f}",
+            failures or "-",
+        )
+    console.print(table)

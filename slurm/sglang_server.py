@@ -1,0 +1,77 @@
+"""SGLang serving a Hugging Face checkpoint for `deepdive eval` on a GPU node: `python -m
+sglang.launch_server` as a child on a free loopback port, ready when /health answers 200;
+stopped (and its process group with it) when the block ends. Needs SGLang and a GPU: the
+training image."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from services.exceptions import ServiceError
+from services.process import child_preexec, log_tail
+from services.waiting import WaitTimeout, wait_for
+
+READY_TIMEOUT_S = 1800.0  # a large model takes minutes to load
+
+
+class SGLangStartError(ServiceError):
+    code = "sglang_start_failed"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextmanager
+def sglang_server(model: Path, log_path: Path, timeout_s: float = READY_TIMEOUT_S) -> Iterator[str]:
+    port = _free_port()
+    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model)]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(  # noqa: S603 (SGLang's own entry, fixed arguments)
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=child_preexec,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=5, trust_env=False).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def alive() -> None:
+        if process.poll() is not None:
+            raise SGLangStartError(
+                f"SGLang exited with status {process.returncode}; its log ({log_path}) ends "
+                f"with:\n{log_tail(log_path)}"
+            )
+
+    try:
+        wait_for(ready, timeout_s=timeout_s, what="SGLang", check=alive, max_delay_s=2.0)
+        yield url
+    except WaitTimeout:
+        raise SGLangStartError(f"SGLang was not ready after {timeout_s:g} s ({log_path})") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

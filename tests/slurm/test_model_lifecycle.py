@@ -1,0 +1,173 @@
+"""Model lifecycle jobs of the same CLI and config: `deepdive convert-checkpoint` (slime's
+conversion tools as a one-node job: dry runs, and a conversion that dies leaves nothing
+complete-looking behind) and `deepdive eval` (end to end on CPU: two checkpoints of a real
+local run, the real services, a comparison table)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import tomli_w
+
+from services.exceptions import ConfigError
+from slurm.conversion import ConversionFailed, run_to_folder
+from tests.helpers import DEEPDIVE, TINY_JOB
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "configs" / "deepdive-qwen.toml"
+QWEN25_32B = {
+    "hidden_size": 5120, "intermediate_size": 27648, "num_attention_heads": 40,
+    "num_hidden_layers": 64, "num_key_value_heads": 8, "rope_theta": 1000000.0,
+    "vocab_size": 152064,
+}  # fmt: skip
+
+
+def deepdive(
+    *args: str, cwd: Path | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DEEPDIVE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+def slime_world(root: Path) -> list[str]:
+    model = root / "Qwen2.5-32B-Instruct"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(QWEN25_32B))
+    image = root / "train.sif"
+    image.write_bytes(b"sif")
+    keys = root / "keys.env"
+    keys.write_text("SERPER_API_KEY=x\n")
+    keys.chmod(0o600)
+    values = [
+        f'run.folder="{root / "run"}"',
+        f'slime.model.hf_checkpoint="{model}"',
+        f'slime.model.ref_load="{root / "Qwen2.5-32B-Instruct_torch_dist"}"',
+        f'container.image="{image}"',
+        f'services.env_file="{keys}"',
+    ]
+    return [item for value in values for item in ("--set", value)]
+
+
+def test_to_megatron_is_a_one_node_job_writing_the_reference_checkpoint(tmp_path: Path) -> None:
+    result = deepdive(
+        "convert-checkpoint", "to-megatron", str(RECIPE), "--dry-run", *slime_world(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "#SBATCH --nodes=1" in out and "#SBATCH --gpus-per-node=8" in out
+    assert "apptainer exec --nv" in out  # inside the training image
+    command = out.strip().splitlines()[-1].split()
+    assert command[:2] == ["python3", "/root/slime/tools/convert_hf_to_torch_dist.py"]
+    assert command[command.index("--num-layers") + 1] == "64"  # the preset's architecture
+    assert command[command.index("--hf-checkpoint") + 1] == str(tmp_path / "Qwen2.5-32B-Instruct")
+    assert command[-2:] == ["--save", str(tmp_path / "Qwen2.5-32B-Instruct_torch_dist")]
+
+
+def test_to_hf_converts_the_newest_complete_iteration_or_says_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    arguments = slime_world(tmp_path)
+    missing = deepdive("convert-checkpoint", "to-hf", str(RECIPE), "--dry-run", *arguments)
+    assert missing.returncode == 2 and "no complete checkpoint" in missing.stderr
+    checkpoints = tmp_path / "run" / "slime_checkpoints"
+    (checkpoints / "iter_0000040").mkdir(parents=True)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("40")
+    result = deepdive("convert-checkpoint", "to-hf", str(RECIPE), "--dry-run", *arguments)
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.strip().splitlines()[-1].split()
+    assert command[1] == "/root/slime/tools/convert_torch_dist_to_hf.py"
+    assert command[command.index("--input-dir") + 1] == str(checkpoints / "iter_0000040")
+    assert command[-1] == str(tmp_path / "run" / "converted" / "iter_0000040_hf")
+    wrong = deepdive(
+        "convert-checkpoint", "to-hf", str(RECIPE), "--dry-run", "--iteration", "7", *arguments
+    )
+    assert wrong.returncode == 2 and "no checkpoint at" in wrong.stderr
+
+
+def test_a_conversion_that_dies_leaves_nothing_that_looks_complete(tmp_path: Path) -> None:
+    output = tmp_path / "converted" / "model_torch_dist"
+    dies = "import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.mkdir(); (p / 'half').write_text('x'); sys.exit(3)"
+    with pytest.raises(ConversionFailed, match="exited with status 3; nothing was written"):
+        run_to_folder(lambda folder: [sys.executable, "-c", dies, str(folder)], output)
+    assert not output.exists() and list(output.parent.iterdir()) == []  # no partial left either
+    works = "import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.mkdir(); (p / 'weights').write_text('w')"
+    run_to_folder(lambda folder: [sys.executable, "-c", works, str(folder)], output)
+    assert (output / "weights").read_text() == "w"
+    with pytest.raises(ConfigError, match="exists already"):
+        run_to_folder(lambda folder: [sys.executable, "-c", works, str(folder)], output)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real local run of the tiny experiment (4 GRPO steps, checkpoints at 2 and 4)."""
+    root = tmp_path_factory.mktemp("eval")
+    local = tomllib.loads(TINY_JOB.read_text())["local"]
+    local["run"]["out"] = str(root / "run")
+    local["grpo"]["steps"] = 4
+    (root / "local.toml").write_text(tomli_w.dumps(local))
+    result = deepdive("run", str(root / "local.toml"), timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return root
+
+
+@pytest.mark.slow
+def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -> None:
+    run = trained / "run"
+    out = trained / "eval"
+    result = deepdive(
+        "eval", str(TINY_JOB), "--set", f'run.folder="{run}"',
+        "--checkpoint", str(run / "checkpoints" / "step-000002"), "--checkpoint", "latest",
+        "--data", str(run / "data" / "eval.jsonl"), "--samples", "2", "--out", str(out),
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    questions = len((run / "data" / "eval.jsonl").read_bytes().splitlines())
+    assert len(rows) == 2 * questions * 2
+    assert {row["checkpoint"] for row in rows} == {"step-000002", "latest (final_model)"}
+    for row in rows:
+        assert set(row) >= {
+            "id",
+            "question",
+            "label",
+            "answer",
+            "reward",
+            "status",
+            "turns",
+            "tool_calls",
+            "trajectory",
+        }
+        assert row["reward"] in (0.0, 1.0) and row["trajectory"]
+    summary = json.loads((out / "summary.json").read_text())
+    for name in ("step-000002", "latest (final_model)"):
+        entry = summary[name]
+        assert entry["questions"] == questions and entry["episodes"] == 2 * questions
+        assert 0.0 <= entry["accuracy"] <= entry["pass_at_2"] <= 1.0
+        assert sum(entry["statuses"].values()) == 2 * questions
+    assert "step-000002" in result.stdout and "latest (final_model)" in result.stdout  # the table
+    assert "pass@2" in result.stdout
+
+
+def test_eval_fails_fast_on_bad_input(trained: Path, tmp_path: Path) -> None:
+    run = trained / "run"
+    base = ["eval", str(TINY_JOB), "--set", f'run.folder="{run}"']
+    missing = deepdive(
+        *base, "--checkpoint", str(tmp_path / "nothing"), "--data", str(run / "data" / "eval.jsonl")
+    )
+    assert missing.returncode == 2 and "not a Hugging Face model folder" in missing.stderr
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = deepdive(*base, "--checkpoint", "latest", "--data", str(empty))
+    assert result.returncode == 2 and "no rows to evaluate" in result.stderr
+    assert "Traceback" not in missing.stderr + result.stderr

@@ -245,6 +245,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=int, default=0, help="the first N only (0: all)")
     parser.add_argument("--out", type=Path, help="where results go (default RUN/eval/TIME)")
     add_overrides_argument(parser, "--set local.rollout.max_turns=8")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the checkpoints, how each is served and the services; evaluate nothing",
+    )
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -262,6 +267,22 @@ def run_eval(args: argparse.Namespace) -> None:
     if args.questions:
         rows = rows[: args.questions]
     out = args.out or config.folder / "eval" / time.strftime("%Y%m%d-%H%M%S")
+    if args.dry_run:
+        from slurm.backends import build_backend
+
+        engine = (
+            "SGLang (python -m sglang.launch_server)"
+            if config.run.backend == "slime"
+            else "the local engine"
+        )
+        print(f"{len(rows)} questions x {args.samples} samples from {args.data}, into {out}")
+        for checkpoint in checkpoints:
+            print(f"  {checkpoint.name}: {checkpoint.path} ({checkpoint.kind}), served by {engine}")
+        for spec in build_backend(config).services():
+            print(
+                f"  service {spec.name}: python -m services {' '.join(spec.arguments)} --host 127.0.0.1"
+            )
+        return
     console = Console()
     evaluate(config, checkpoints, rows, args.samples, args.temperature, out, console)
     console.print(f"results: {out / 'results.jsonl'}, summary: {out / 'summary.json'}")

@@ -159,6 +159,25 @@ def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -
     assert "pass@2" in result.stdout
 
 
+def test_eval_dry_run_names_each_checkpoint_how_it_is_served_and_the_services(
+    trained: Path,
+) -> None:
+    run = trained / "run"
+    result = deepdive(
+        "eval", str(TINY_JOB), "--set", f'run.folder="{run}"', "--checkpoint", "latest",
+        "--checkpoint", str(run / "checkpoints" / "step-000002"),
+        "--data", str(run / "data" / "eval.jsonl"), "--dry-run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"latest (final_model): {run / 'final_model'} (hf), served by the local engine"
+        in result.stdout
+    )
+    assert "step-000002" in result.stdout and "(step)" in result.stdout
+    assert f"--corpus {run / 'world' / 'corpus.jsonl'}" in result.stdout  # the run's own world
+    assert not (run / "eval").exists()
+
+
 def test_eval_fails_fast_on_bad_input(trained: Path, tmp_path: Path) -> None:
     run = trained / "run"
     base = ["eval", str(TINY_JOB), "--set", f'run.folder="{run}"']

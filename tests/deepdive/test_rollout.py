@@ -4,14 +4,12 @@ turns, the real tool server on its offline provider, and the real reward server.
 from __future__ import annotations
 
 from argparse import Namespace
-from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deepdive.clients import close_clients
 from deepdive.protocol import format_observation, format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import LocalSample, SampleStatus
@@ -32,20 +30,8 @@ from tests.helpers import (
     tool_app,
 )
 
-
-@pytest.fixture(autouse=True)
-async def close_rollout_clients() -> AsyncIterator[None]:
-    yield
-    await close_clients()
-
-
-@pytest.fixture
-def services(corpus_file: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
-    with (
-        serve_in_thread(tool_app(corpus_file, tmp_path)) as tools,
-        serve_in_thread(reward_app()) as reward,
-    ):
-        yield {"tools": tools, "reward": reward}
+# the rollout's pooled clients belong to each test's event loop: closed after each test
+pytestmark = pytest.mark.usefixtures("rollout_clients")
 
 
 def call(name: str, **arguments: Any) -> str:

@@ -6,13 +6,10 @@ the fully-async rollout). slime is not installable here; each test names the lin
 from __future__ import annotations
 
 from argparse import Namespace
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deepdive.clients import close_clients
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import LocalSample, SampleStatus
@@ -23,27 +20,14 @@ from tests.helpers import (
     TOKENIZER,
     make_args,
     new_sample,
-    reward_app,
     serve_in_thread,
-    tool_app,
 )
 
 TOP_P = {"max_new_tokens": 4096, "top_p": 0.9, "custom_params": {"return_top_p_token_ids": True}}
 
 
-@pytest.fixture(autouse=True)
-async def close_rollout_clients() -> AsyncIterator[None]:
-    yield
-    await close_clients()
-
-
-@pytest.fixture
-def services(corpus_file: Path, tmp_path: Path) -> Iterator[dict[str, str]]:
-    with (
-        serve_in_thread(tool_app(corpus_file, tmp_path)) as tools,
-        serve_in_thread(reward_app()) as reward,
-    ):
-        yield {"tools": tools, "reward": reward}
+# the rollout's pooled clients belong to each test's event loop: closed after each test
+pytestmark = pytest.mark.usefixtures("rollout_clients")
 
 
 TURNS = [

@@ -6,16 +6,28 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup test lint typecheck unit slurm-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test lint typecheck unit slurm-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Everything but torch comes from requirements.lock (versions and hashes, generated from
+# pyproject.toml by `make lock`); torch is the platform's build, installed first.
+TORCH ?= torch==2.13.0
+EXTRAS := --extra corpus --extra parquet --extra local --extra test
+
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
-	$(BIN)/python -m pip install --quiet -e '.[test,corpus,parquet,local]'
+	$(BIN)/python -m pip install --quiet '$(TORCH)'
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# Re-resolve the lock after a change to pyproject.toml's dependencies (needs the index).
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet uv
+	$(BIN)/uv pip compile pyproject.toml $(EXTRAS) --universal --generate-hashes --python-version 3.10 -o requirements.lock
 
 lint: setup
 	$(BIN)/ruff check .

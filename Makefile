@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup lock test lint typecheck unit slurm-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -38,11 +38,15 @@ typecheck: setup
 
 # The Slurm tests bring up their own private 2-node cluster (scripts/local-slurm.sh); Slurm and
 # munge are installed here first when missing (as root), else those tests skip, saying why.
-unit: setup slurm-install
+unit: setup slurm-install nix-install
 	$(BIN)/pytest
 
 slurm-install:
 	@scripts/local-slurm.sh install || echo "Slurm is not installed: the Slurm tests will skip"
+
+# The flake's tests evaluate it with nix (offline, against a stand-in nixpkgs).
+nix-install:
+	@command -v nix >/dev/null || scripts/apt-install.sh nix-bin || echo "nix is not installed: the flake tests will skip"
 
 # A private Slurm cluster on this host for trying `deepdive submit` (export the SLURM_CONF it prints).
 slurm-up: slurm-install

@@ -59,14 +59,7 @@ install() {
      && command -v sbatch >/dev/null; then
     return 0
   fi
-  if [[ $(id -u) != 0 ]]; then
-    echo "local-slurm: Slurm is not installed; as root: apt-get install slurmctld slurmd slurm-client munge" >&2
-    return 1
-  fi
-  local packages=(slurmctld slurmd slurm-client munge)
-  # a fresh machine may have no package lists yet: update them once if the install needs it
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null 2>&1 ||
-    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${packages[@]}" >/dev/null; }
+  "$(dirname "$0")/apt-install.sh" slurmctld slurmd slurm-client munge
 }
 
 up() {

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup lock test lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test test-installed image-context image-cpu image ci-container pin-images gpu-smoke lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -57,6 +57,14 @@ slurm-down:
 
 test: lint typecheck unit
 
+# The same checks with the tools already on PATH (an image's environment, no .venv, caches
+# under /tmp): what the container CI runs inside the SIF, on the project mounted read-only.
+test-installed:
+	ruff check --no-cache .
+	ruff format --check --no-cache .
+	mypy --cache-dir=/tmp/deepdive-mypy-cache
+	HYPOTHESIS_STORAGE_DIRECTORY=/tmp/deepdive-hypothesis pytest -p no:cacheprovider
+
 # The main job on the embedded defaults: the whole pipeline on this machine (world, services,
 # warm start, GRPO, held-out evaluation); see configs/local.toml. Resumes when run again.
 CONFIG ?= configs/local.toml
@@ -74,3 +82,28 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+
+# Images (containers/): the CPU image with podman, then its SIF; the training image with
+# Apptainer (needs a registry; its base digest in containers/pins.env); the container CI builds
+# the CPU image on a debootstrapped base and runs the test suite inside its SIF.
+# EXTRA_CA_DIR=/usr/local/share/ca-certificates: a build host behind a proxy whose CA pip needs
+# (used while building, never kept in the image).
+image-context: setup
+	scripts/containers.sh context
+
+image-cpu: setup
+	scripts/containers.sh cpu
+
+image:
+	scripts/containers.sh train
+
+ci-container: setup
+	scripts/containers.sh ci
+
+pin-images:
+	scripts/containers.sh pin
+
+# On a GPU node, inside the training image: SGLang on a small model, one multi-turn episode
+# through the services, one local-backend step on the GPU (MODEL=/models/Qwen2.5-0.5B-Instruct).
+gpu-smoke:
+	python3 scripts/gpu_smoke.py $(MODEL)

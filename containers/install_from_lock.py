@@ -1,0 +1,58 @@
+"""Install from requirements.lock what an image does not already provide, each package at its
+locked version with its hashes, and no other package.
+
+For the training image: its base (slime's SGLang image) brings the CUDA stack, PyTorch, SGLang
+and the versions SGLang pins (transformers, for one); reinstalling those at the lock's versions
+would break SGLang. What the base lacks (submitit, bm25s, selectolax, ...) comes from the lock,
+so it is the same code CI tested. Prints what it kept and what it installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ENTRY = re.compile(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$")
+
+
+def entries(lock: Path) -> list[tuple[str, str, str, list[str]]]:
+    """(name, version, marker, hash lines) per pin."""
+    found: list[tuple[str, str, str, list[str]]] = []
+    for line in lock.read_text().splitlines():
+        match = ENTRY.match(line)
+        if match:
+            found.append((match.group(1), match.group(2), match.group(3) or "", []))
+        elif line.strip().startswith("--hash=") and found:
+            found[-1][3].append(line.strip().rstrip("\\").strip())
+    return found
+
+
+def main() -> None:
+    lock = Path(sys.argv[1])
+    wanted = []
+    for name, version, marker, hashes in entries(lock):
+        try:
+            present = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pin = f"{name}=={version}" + (f" ; {marker}" if marker else "")
+            wanted.append(" \\\n    ".join([pin, *hashes]))
+            continue
+        note = "" if present == version else f" (the lock has {version})"
+        print(f"kept {name} {present}{note}")
+    if not wanted:
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as requirements:
+        requirements.write("\n".join(wanted) + "\n")
+    subprocess.check_call(  # noqa: S603 (pip, with the lock's own pins)
+        [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--no-deps",
+         "--require-hashes", "-r", requirements.name]
+    )  # fmt: skip
+    print(f"installed {len(wanted)} package(s) from {lock}")
+
+
+if __name__ == "__main__":
+    main()

@@ -96,51 +96,77 @@ runner() {  # the Apptainer-in-podman image (cached by its Containerfile); print
   echo "$tag"
 }
 
-sif() {  # sif IMAGE FOLDER: IMAGE as FOLDER/<image id>.sif (made once), by Apptainer inside
-         # podman; prints the file's name
-  local image=$1 folder=$2 apptainer; apptainer=$(runner)
-  mkdir -p "$folder"; chmod 777 "$folder"
+# Apptainer on the host where it runs there (not as root: one capability it needs is missing),
+# else Apptainer inside podman (the runner image), as a non-root user.
+host_apptainer() { [[ ${APPTAINER_IN:-} != podman ]] && command -v apptainer >/dev/null && [[ $(id -u) != 0 ]]; }
+
+in_apptainer() {  # in_apptainer FOLDER COMMAND...: COMMAND where `apptainer` runs, FOLDER at /sif
+  local folder=$1; shift
+  if host_apptainer; then
+    (cd "$folder" && SIF=$folder bash -c "$*")
+  else
+    podman run --rm --privileged --user 1000:1000 -v "$folder:/sif" -v "$ROOT:/src:ro" \
+      -v "$RESULTS:/results" -e SIF=/sif "$(runner)" bash -c "$*"
+  fi
+}
+
+sif() {  # sif IMAGE FOLDER: IMAGE as FOLDER/<image id>.sif (made once); prints the file's name
+  local image=$1 folder=$2
+  mkdir -p "$folder" "$RESULTS"; chmod 777 "$folder" "$RESULTS"
   local name; name="$(podman image inspect --format '{{.Id}}' "$image" | cut -c1-16).sif"
   if [[ ! -s $folder/$name ]]; then
     podman save --quiet --format oci-archive -o "$folder/image.oci.tar" "$image"
     chmod 644 "$folder/image.oci.tar"
-    podman run --rm --privileged --user 1000:1000 -v "$folder:/sif" "$apptainer" bash -c \
-      "export APPTAINER_TMPDIR=/sif/tmp APPTAINER_CACHEDIR=/sif/cache && mkdir -p /sif/tmp &&
-       apptainer build --force /sif/$name.partial oci-archive:///sif/image.oci.tar >/dev/null &&
-       mv /sif/$name.partial /sif/$name && rm -rf /sif/tmp /sif/cache" >&2
+    in_apptainer "$folder" \
+      'export APPTAINER_TMPDIR=$SIF/tmp APPTAINER_CACHEDIR=$SIF/cache && mkdir -p $SIF/tmp &&
+       apptainer build --force $SIF/'"$name"'.partial oci-archive://$SIF/image.oci.tar >/dev/null &&
+       mv $SIF/'"$name"'.partial $SIF/'"$name"' && rm -rf $SIF/tmp $SIF/cache' >&2
     rm -f "$folder/image.oci.tar"
   fi
   echo "$name"
 }
 
-ci() {
+ci() {  # CI_BASE=debootstrap (default: no registry needed) or pinned (pins.env's base)
   need podman podman
   need runc runc
-  stamp "base image (debootstrap, cached) and the Apptainer runner"
-  local apptainer; apptainer=$(runner)
-  stamp "CPU image (podman)"
-  local image; image=$(cpu localhost/debian-base:bookworm)
-  stamp "SIF (Apptainer inside podman)"
+  local base=localhost/debian-base:bookworm
+  if [[ ${CI_BASE:-debootstrap} == pinned ]]; then
+    base="$CPU_BASE_TAG@$CPU_BASE_DIGEST"
+  else
+    stamp "base image (debootstrap, cached)"
+    debian_base
+  fi
+  host_apptainer || { stamp "the Apptainer runner (Apptainer inside podman)"; runner >/dev/null; }
+  stamp "CPU image (podman, on $base)"
+  local image; image=$(cpu "$base")
+  local labelled; labelled=$(podman image inspect --format '{{ index .Labels "org.deepdive-slurm.lock.sha256" }}' "$image")
+  if [[ $labelled != "$(sha256sum requirements.lock | cut -d' ' -f1)" ]]; then
+    echo "containers: the image's lock label ($labelled) is not requirements.lock's hash" >&2
+    return 1
+  fi
+  stamp "SIF (Apptainer)"
   local sifs=$CACHE/sif
   local sif; sif=$(sif "$image" "$sifs")
   stamp "the test suite inside the SIF"
-  mkdir -p "$RESULTS"; chmod 777 "$RESULTS"
-  podman run --rm --privileged --user 1000:1000 -v "$sifs:/sif:ro" -v "$ROOT:/src:ro" \
-    -v "$RESULTS:/results" "$apptainer" \
-    apptainer exec --bind /src:/src:ro --bind /results:/results --pwd /src --env PYTHONPATH=/src \
-      --env PYTEST_ADDOPTS="--junitxml=/results/junit.xml" "/sif/$sif" \
-      make -f /src/Makefile test-installed 2>&1 | tee "$RESULTS/log.txt"
+  local src=/src results=/results
+  host_apptainer && src=$ROOT results=$RESULTS
+  set +e
+  in_apptainer "$sifs" \
+    "apptainer exec --bind $src:/src:ro --bind $results:/results --pwd /src --env PYTHONPATH=/src \
+       --env PYTEST_ADDOPTS=--junitxml=/results/junit.xml \$SIF/$sif make -f /src/Makefile test-installed" \
+    2>&1 | tee "$RESULTS/log.txt"
   local code=${PIPESTATUS[0]}
+  set -e
   stamp "done: exit $code (results in $RESULTS)"
   return "$code"
 }
 
 train() {
-  need apptainer apptainer
-  if [[ -z $TRAIN_BASE_DIGEST ]]; then
+  if [[ ! $TRAIN_BASE_DIGEST =~ ^sha256:[0-9a-f]{64}$ ]]; then
     echo "containers: TRAIN_BASE_DIGEST in containers/pins.env is not resolved; run 'make pin-images' where Docker Hub is reachable" >&2
     exit 2
   fi
+  need apptainer apptainer
   context
   apptainer build --build-arg-file "$BUILD/train.args" "${IMAGE:-deepdive-train.sif}" containers/train.def
 }

@@ -131,6 +131,7 @@ def main() -> int:
     args = parser.parse_args()
     if not args.no_sglang and not args.model:
         parser.error("MODEL is required (or --no-sglang)")
+    from deepdive.local.stack import tool_server
     from services.process import ServiceProcess
 
     started = time.monotonic()
@@ -138,20 +139,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="deepdive-gpu-smoke-") as tmp:
         folder = Path(tmp)
         corpus, rows = world(folder)
-        tools = ServiceProcess(
-            "tools",
-            [
-                "tools",
-                "--search",
-                "offline",
-                "--reader",
-                "offline",
-                "--no-index-cache",
-                "--corpus",
-                str(corpus),
-            ],
-            folder / "tools.log",
-        )
+        tools = tool_server(corpus.parent, folder / "tools.log")
         reward = ServiceProcess("reward", ["reward", "--judge", "rule"], folder / "reward.log")
         with tools, reward:
             check("services", True, f"tools {tools.url}, reward {reward.url}")

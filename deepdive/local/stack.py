@@ -13,11 +13,16 @@ from services.process import ServiceProcess
 from services.serve import bind, start_server_thread
 
 
+def offline_tools_arguments(world: Path) -> list[str]:
+    """`python -m services` arguments of the tool server over one world's pages (offline
+    search and reader; the index is built at start, the world is small)."""
+    return ["tools", "--search", "offline", "--reader", "offline", "--no-index-cache",
+            "--corpus", str(world / "corpus.jsonl")]  # fmt: skip
+
+
 def tool_server(world: Path, log: Path) -> ServiceProcess:
-    """The tool server over one world's pages (offline search and reader)."""
-    command = ["tools", "--search", "offline", "--reader", "offline", "--no-index-cache"]
-    command += ["--corpus", str(world / "corpus.jsonl"), "--log-level", "WARNING"]
-    return ServiceProcess("tool", command, log)
+    """The tool server over one world's pages."""
+    return ServiceProcess("tool", [*offline_tools_arguments(world), "--log-level", "WARNING"], log)
 
 
 def reward_server(log: Path) -> ServiceProcess:

@@ -18,6 +18,7 @@ from typing import Any
 from deepdive.local.checkpoint import load_latest
 from deepdive.local.data import prepare_data
 from deepdive.local.paths import RunPaths
+from deepdive.local.stack import offline_tools_arguments
 from slurm.backends import ServiceSpec
 from slurm.config import ExperimentConfig, local_run_config
 from slurm.run_folder import AttemptFolder, RunFolder
@@ -40,12 +41,14 @@ class LocalBackend:
     def services(self) -> list[ServiceSpec]:
         level = ("--log-level", self.experiment.services.log_level)
         specs = [
-            ServiceSpec("tools", (*_offline_tools(self.paths.world), *level)),
+            ServiceSpec("tools", (*offline_tools_arguments(self.paths.world), *level)),
             ServiceSpec("reward", ("reward", "--judge", "rule", *level)),
         ]
         if self.config.eval.unseen_questions:
             specs.append(
-                ServiceSpec("tools-unseen", (*_offline_tools(self.paths.unseen_world), *level))
+                ServiceSpec(
+                    "tools-unseen", (*offline_tools_arguments(self.paths.unseen_world), *level)
+                )
             )
         return specs
 
@@ -78,16 +81,3 @@ class LocalBackend:
     def resume_point(self) -> str | None:
         latest = load_latest(self.paths.checkpoints)
         return None if latest is None else f"step {latest[0]} ({self.paths.checkpoints})"
-
-
-def _offline_tools(world: Path) -> tuple[str, ...]:
-    return (
-        "tools",
-        "--search",
-        "offline",
-        "--reader",
-        "offline",
-        "--no-index-cache",
-        "--corpus",
-        str(world / "corpus.jsonl"),
-    )

@@ -1,6 +1,9 @@
 -- wrk script for both services. Arguments: kind, nonce, think time in ms.
 --   tool-hit      POST /tool, one query again and again (served from the cache)
 --   tool-miss     POST /tool, a new query every call (each one goes to the upstream)
+--   tool-mixed    POST /tool, searches and clicks: every search is followed by a click on its
+--                 first result in the same session (queued when the search's answer arrives);
+--                 half the searches repeat one of 16 queries (the cache), half are new
 --   reward-same   POST /evaluate, one answer again and again (a cached verdict)
 --   reward-unique POST /evaluate, a new answer every call (each one goes to the judge)
 -- The nonce makes this run's queries and answers differ from every earlier run's; the think
@@ -20,6 +23,9 @@ function init(args)
   think_ms = tonumber(args[3] or "0")
   counter = 0
   error_bodies = 0
+  searches = 0
+  clicks = {}      -- sessions whose search has answered, waiting for their click
+  pending = {}     -- query -> sessions whose search for it is in flight
 end
 
 function delay()
@@ -30,10 +36,28 @@ local function unique()
   return nonce .. " " .. id .. " " .. counter
 end
 
+local function mixed()
+  local session = table.remove(clicks, 1)
+  if session then
+    return '{"session_id":"' .. session .. '","name":"click","arguments":{"id":1}}'
+  end
+  searches = searches + 1
+  session = "m" .. unique()
+  local query = "query " .. unique()
+  if searches % 2 == 0 then query = "repeated query " .. (searches % 16) end
+  pending[query] = pending[query] or {}
+  table.insert(pending[query], session)
+  return '{"session_id":"' .. session .. '","name":"search","arguments":{"query":"' ..
+    query .. '"}}'
+end
+
 function request()
   counter = counter + 1
   local path, body
-  if kind == "tool-hit" or kind == "tool-miss" then
+  if kind == "tool-mixed" then
+    path = "/tool"
+    body = mixed()
+  elseif kind == "tool-hit" or kind == "tool-miss" then
     local query = "silver orrery of haldor"
     if kind == "tool-miss" then query = "query " .. unique() end
     path = "/tool"
@@ -52,6 +76,13 @@ end
 function response(status, headers, body)
   if string.find(body, '"error":{', 1, true) then
     error_bodies = error_bodies + 1
+  end
+  if kind == "tool-mixed" then
+    -- a search's answer names its query (the fake titles results "QUERY result N"): one of
+    -- the sessions that searched for it has its results now, so its click may go.
+    local query = string.match(body, '"output":"' .. "\227\128\1441\227\128\145" .. '(.-) result 1')
+    local waiting = query and pending[query]
+    if waiting and #waiting > 0 then table.insert(clicks, table.remove(waiting, 1)) end
   end
 end
 

@@ -23,10 +23,12 @@ import math
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from deepdive.clients import service_client
+from deepdive.observation_tokens import observation_tokens
 from deepdive.protocol import (
     BROWSING_TOOLS,
     FINISH,
@@ -87,25 +89,31 @@ def remote_env_info(sample: Any) -> dict[str, Any]:
 
 @dataclass
 class Trajectory:
-    """The growing response: token ids, loss mask and log-probs stay the same length, always."""
+    """The growing episode. `tokens` is prompt + response, one running list (sent as it is to
+    /generate every turn, never rebuilt); the response's loss mask and log-probs stay as long as
+    the response, always."""
 
-    prompt_ids: list[int]
-    ids: list[int] = field(default_factory=list)
+    tokens: list[int]
+    prompt_length: int = 0
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)
     top_p: TopPSpans | None = None  # with --rollout-top-p < 1 (deepdive.top_p)
 
+    @classmethod
+    def from_prompt(cls, prompt_ids: list[int]) -> Trajectory:
+        return cls(tokens=list(prompt_ids), prompt_length=len(prompt_ids))
+
     def add_model_turn(self, turn: Turn) -> None:
-        self.ids += turn.ids
+        self.tokens += turn.ids
         self.mask += [1] * len(turn.ids)
         self.logprobs += turn.logprobs
         self.parts.append(turn.text)
         if self.top_p is not None and turn.top_p is not None:
             self.top_p.add_turn(*turn.top_p)
 
-    def add_observation(self, ids: list[int], text: str) -> None:
-        self.ids += ids
+    def add_observation(self, ids: Sequence[int], text: str) -> None:
+        self.tokens += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
         self.parts.append(text)
@@ -113,8 +121,12 @@ class Trajectory:
             self.top_p.add_empty(len(ids))
 
     @property
+    def response_length(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+    @property
     def length(self) -> int:
-        return len(self.prompt_ids) + len(self.ids)
+        return len(self.tokens)
 
 
 @dataclass
@@ -145,13 +157,33 @@ class Turn:
     top_p: tuple[list[int], list[int]] | None = None  # kept ids and offsets, when asked for
 
 
+@dataclass(frozen=True)
+class EpisodeClients:
+    """The episode's pooled clients, looked up once per episode rather than once per call."""
+
+    sglang: Upstream
+    tools: Upstream
+
+    @classmethod
+    def of(cls, settings: RolloutSettings) -> EpisodeClients:
+        return cls(
+            sglang=service_client(
+                "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
+            ),
+            tools=service_client(
+                "tool_server", settings.tool_server_url, settings.tool_timeout_s, settings.retries
+            ),
+        )
+
+
 async def generate_turn(
-    settings: RolloutSettings, session_id: str, input_ids: list[int], params: dict[str, Any]
+    client: Upstream,
+    settings: RolloutSettings,
+    session_id: str,
+    input_ids: list[int],
+    params: dict[str, Any],
 ) -> Turn:
     """One SGLang /generate call, token in and token out. Raises `ServiceError` on failure."""
-    client = service_client(
-        "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
-    )
     payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     reply = await client.send(
         "POST",
@@ -184,12 +216,13 @@ async def generate_turn(
 
 
 async def call_tool(
-    settings: RolloutSettings, session_id: str, call: ToolCall, env: dict[str, Any]
+    client: Upstream,
+    settings: RolloutSettings,
+    session_id: str,
+    call: ToolCall,
+    env: dict[str, Any],
 ) -> str:
     """The observation for one tool call; a failing tool server becomes an observation too."""
-    client = service_client(
-        "tool_server", settings.tool_server_url, settings.tool_timeout_s, settings.retries
-    )
     payload = {
         "session_id": session_id,
         "name": call.name,
@@ -211,11 +244,11 @@ _CLOSE_TIMEOUT_S = 5.0
 _CLOSE_SESSION = ToolCall("close_session")
 
 
-async def close_session(settings: RolloutSettings, session_id: str) -> None:
+async def close_session(client: Upstream, settings: RolloutSettings, session_id: str) -> None:
     """Tell the tool server the episode is over, so its state goes now rather than at expiry.
     Best effort and brief: a failure is logged by the client and never touches the sample."""
     short = replace(settings, tool_timeout_s=min(settings.tool_timeout_s, _CLOSE_TIMEOUT_S))
-    await call_tool(short, session_id, _CLOSE_SESSION, {})
+    await call_tool(client, short, session_id, _CLOSE_SESSION, {})
 
 
 async def generate_with_tool(
@@ -226,7 +259,11 @@ async def generate_with_tool(
     settings = settings_from_args(args)
     tokenizer = tokenizer_for(args)
     prompt_text = render_prompt(sample, tokenizer)
-    trajectory = Trajectory(list(tokenizer.encode(prompt_text, add_special_tokens=False)))
+    observations = observation_tokens(tokenizer)
+    clients = EpisodeClients.of(settings)
+    trajectory = Trajectory.from_prompt(
+        list(tokenizer.encode(prompt_text, add_special_tokens=False))
+    )
     if requested(sampling_params):
         trajectory.top_p = TopPSpans()
     session_id = sample.session_id or f"deepdive-{uuid.uuid4().hex}"
@@ -246,7 +283,8 @@ async def generate_with_tool(
             stats.error = "max_turns"
             break
         max_new = min(
-            response_budget - len(trajectory.ids), settings.max_context_tokens - trajectory.length
+            response_budget - trajectory.response_length,
+            settings.max_context_tokens - trajectory.length,
         )
         if max_new <= 0:
             stats.error = "context_limit"
@@ -254,9 +292,10 @@ async def generate_with_tool(
         started = time.monotonic()
         try:
             turn = await generate_turn(
+                clients.sglang,
                 settings,
                 session_id,
-                trajectory.prompt_ids + trajectory.ids,
+                trajectory.tokens,  # serialised before the call returns; only then does it grow
                 _turn_params(base_params, max_new, stats.turns),
             )
         except ServiceError as error:
@@ -298,16 +337,16 @@ async def generate_with_tool(
         else:
             stats.tool_calls[found.call.name] += 1
             started = time.monotonic()
-            observation = await call_tool(settings, session_id, found.call, env)
+            observation = await call_tool(clients.tools, settings, session_id, found.call, env)
             stats.tool_s += time.monotonic() - started
         text = format_observation(observation)
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        ids = observations.ids(text)
         if trajectory.length + len(ids) >= settings.max_context_tokens:
             stats.error = "context_limit"
             break
         trajectory.add_observation(ids, text)
     if any(stats.tool_calls[name] for name in BROWSING_TOOLS):
-        await close_session(settings, session_id)
+        await close_session(clients.tools, settings, session_id)
     return _finish_sample(
         args, sample, trajectory, prompt_text, session_id, status, stats, evaluation
     )
@@ -333,9 +372,9 @@ def _finish_sample(
     evaluation: bool,
 ) -> Any:
     sample.prompt = prompt_text
-    sample.tokens = trajectory.prompt_ids + trajectory.ids
+    sample.tokens = trajectory.tokens
     sample.response = "".join(trajectory.parts)
-    sample.response_length = len(trajectory.ids)
+    sample.response_length = trajectory.response_length
     sample.loss_mask = trajectory.mask
     sample.rollout_log_probs = trajectory.logprobs
     if trajectory.top_p is not None:

@@ -1,6 +1,8 @@
 """Instant fake SGLang (/generate) and tool server (/tool) for the rollout benchmark, as one bare
 ASGI app (no framework: the fakes must not be what is measured). Each session searches
-`turns - 1` times, then finishes.
+`turns - 1` times, then finishes. The first `SHARED_SEARCHES` observations of every session are
+the same text (a GRPO group's samples repeat each other's first searches); later ones differ
+per session and turn, as results of a sample's own searches do.
 
 Run: python -m fakes.rollout_servers --port 9200 --turns 16
 """
@@ -17,12 +19,19 @@ from fakes.serving import serve_fake
 
 SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "orrery"}}</tool_call>'
 FINISH = '<tool_call>{"name": "finish", "arguments": {"answer": "Ilse Varen"}}</tool_call>'
-OBSERVATION = orjson.dumps(
-    {
-        "output": "【1】Orrery\nhttps://o.example/\nA model.",
-        "observation": "【1】Orrery\nhttps://o.example/\nA model.",
-    }
-)
+SHARED_SEARCHES = 3
+SHARED = "【1】Orrery\nhttps://o.example/\nA model."
+
+
+def observation(text: str) -> bytes:
+    return orjson.dumps({"output": text, "observation": text})
+
+
+def own_observation(session: str, call: int) -> bytes:
+    """Text of this session's own search: the session's name after its last "-" (the
+    benchmark names sessions RUN-K, so equal K give equal samples from run to run)."""
+    name = session.rpartition("-")[2]
+    return observation(f"【1】Orrery {call}\nhttps://o.example/{name}/{call}\nA model.")
 
 
 def generation(text: str) -> bytes:
@@ -38,14 +47,17 @@ def generation(text: str) -> bytes:
 
 def create_app(turns: int) -> Any:
     seen: defaultdict[bytes, int] = defaultdict(int)
+    tool_calls: defaultdict[str, int] = defaultdict(int)
     search, finish = generation(SEARCH), generation(FINISH)
+    shared = observation(SHARED)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        more = True
-        while more:  # drain the body
+        more, chunks = True, []
+        while more:  # read the body
             message = await receive()
+            chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         path = scope["path"]
         if path == "/generate":
@@ -53,7 +65,10 @@ def create_app(turns: int) -> Any:
             seen[key] += 1
             body = finish if seen[key] >= turns else search
         elif path == "/tool":
-            body = OBSERVATION
+            session = str(orjson.loads(b"".join(chunks)).get("session_id"))
+            tool_calls[session] += 1
+            call = tool_calls[session]
+            body = shared if call <= SHARED_SEARCHES else own_observation(session, call)
         else:
             body = b"{}"
         headers = [

@@ -18,6 +18,9 @@ from starlette.routing import Route
 
 from fakes.serving import serve_fake
 
+# Result links point at https://bench.example/0 .. /199, the tool-server benchmark's corpus.
+CORPUS_PAGES = 200
+
 
 def create_app(latency_s: float) -> Starlette:
     calls: list[str] = []
@@ -44,7 +47,8 @@ def create_app(latency_s: float) -> Starlette:
         organic = [
             {
                 "title": f"{query} result {i}",
-                "link": f"https://r{i}.example/{len(calls)}",
+                # pages of the benchmark's offline corpus, so a click on a result opens
+                "link": f"https://bench.example/{(len(calls) + i) % CORPUS_PAGES}",
                 "snippet": f"about {query}",
                 "position": i,
             }

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import anyio
 import orjson
+from yarl import URL
 
 from services.exceptions import (
     ToolError,
@@ -166,7 +166,17 @@ class Upstream:
         self.auth_failure: str | None = None
         self._headers = dict(headers or {})
         self._base = settings.base_url.rstrip("/")
-        self._slots = anyio.Semaphore(settings.max_concurrency)
+        # asyncio's own semaphore: anyio's yields to the loop on every acquire (a checkpoint),
+        # one more loop pass per call. The counts feed /metrics (in flight and waiting).
+        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self.in_flight = 0
+        self.waiting = 0
+        self._paths: dict[str, URL] = {}  # each path under base_url parsed once
+        # Without a deadline every attempt has the same timeout: built once, not per call.
+        self._timeout = aiohttp.ClientTimeout(
+            connect=min(settings.read_timeout_s, settings.connect_timeout_s),
+            sock_read=settings.read_timeout_s,
+        )
         self._session: aiohttp.ClientSession | None = None
 
     def _open_session(self) -> aiohttp.ClientSession:
@@ -191,6 +201,36 @@ class Upstream:
             return path
         return f"{self._base}/{path.lstrip('/')}"
 
+    def _request_url(self, path: str) -> str | URL:
+        """A path under base_url as a parsed URL, parsed on first use (aiohttp parses a string
+        on every request); an absolute URL (a page to read: unbounded, so not kept) as given."""
+        if path.startswith(("http://", "https://")):
+            return path
+        parsed = self._paths.get(path)
+        if parsed is None:
+            parsed = self._paths[path] = URL(self.url(path))
+        return parsed
+
+    async def _attempt_in_slot(
+        self, method: str, url: str, deadline: float | None, kwargs: dict[str, Any]
+    ) -> UpstreamReply:
+        """One attempt within the concurrency bound, counted as waiting, then in flight."""
+        if self._slots.locked():
+            self.waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.waiting -= 1
+        else:
+            await self._slots.acquire()
+        self.in_flight += 1
+        try:
+            self._count_call()
+            return await self._attempt(method, self._request_url(url), deadline, kwargs)
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
+
     async def send(
         self, method: str, url: str, *, deadline: float | None = None, **kwargs: Any
     ) -> UpstreamReply:
@@ -207,9 +247,7 @@ class Upstream:
             attempt += 1
             retry_after: float | None = None
             try:
-                async with self._slots:
-                    self._count_call()
-                    reply = await self._attempt(method, self.url(url), deadline, kwargs)
+                reply = await self._attempt_in_slot(method, url, deadline, kwargs)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 log_event(
                     logger,
@@ -255,36 +293,46 @@ class Upstream:
                 raise type(error)(
                     self.name, f"{_detail(error)}; no time left to retry within the deadline"
                 )
-            await anyio.sleep(delay)
+            await asyncio.sleep(delay)
+
+    def _attempt_timeout(self, deadline: float | None) -> aiohttp.ClientTimeout:
+        if deadline is None:
+            return self._timeout
+        # The attempt ends by the deadline: one total timer, which also bounds every read.
+        read = max(0.001, min(self.settings.read_timeout_s, deadline - time.monotonic()))
+        return aiohttp.ClientTimeout(total=read, connect=min(read, self.settings.connect_timeout_s))
 
     async def _attempt(
-        self, method: str, url: str, deadline: float | None, kwargs: dict[str, Any]
+        self, method: str, url: str | URL, deadline: float | None, kwargs: dict[str, Any]
     ) -> UpstreamReply:
         options = dict(kwargs)
-        headers = dict(options.pop("headers", None) or {})
+        headers = options.pop("headers", None)
         if "json" in options:
             options["data"] = orjson.dumps(options.pop("json"))
-            headers["Content-Type"] = "application/json"
+            headers = {**(headers or {}), "Content-Type": "application/json"}
         if "content" in options:
             options["data"] = options.pop("content")
         sni = options.pop("sni_hostname", None)
         if sni:
             options["server_hostname"] = sni
-        read = self.settings.read_timeout_s
-        if deadline is not None:
-            read = max(0.001, min(read, deadline - time.monotonic()))
-        timeout = aiohttp.ClientTimeout(
-            total=read if deadline is not None else None,  # the attempt ends by the deadline
-            connect=min(read, self.settings.connect_timeout_s),
-            sock_read=read,
-        )
         session = self._open_session()
         async with session.request(
-            method, url, headers=headers, timeout=timeout, allow_redirects=False, **options
+            method,
+            url,
+            headers=headers,
+            timeout=self._attempt_timeout(deadline),
+            allow_redirects=False,
+            **options,
         ) as response:
             limit = self.settings.max_response_bytes
-            if response.content_length is not None and response.content_length > limit:
+            length = response.content_length
+            if length is not None and length > limit:
                 raise self._too_large(limit)
+            if length is not None and "Content-Encoding" not in response.headers:
+                # A plain body of known size within the cap: read at once. A compressed one is
+                # counted as it inflates, below (its length says nothing of its inflated size).
+                body = await response.read()
+                return UpstreamReply(response.status, response.headers, body, response.charset)
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.content.iter_chunked(1 << 16):

@@ -1,0 +1,110 @@
+"""One rollout measurement in a fresh interpreter, for one source tree: the side-by-side
+benchmark runs it once for main at the baseline commit and once for this checkout.
+
+    python benchmarks/rollout_driver.py TREE URL SAMPLES TURNS TOKENIZER
+
+TREE goes first on sys.path, so `deepdive` is that tree's; only the interface both trees share
+is used (the `deepdive_*` args and `generate_with_tool`). TOKENIZER is a saved Hugging Face
+tokenizer folder, or `byte` (one token per UTF-8 byte). Prints one JSON line: the rollout's CPU
+per turn (this process alone, pinned to one core) and a digest of every sample's tokens, loss
+mask, log-probs, response text and status, so the two trees' samples can be compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sys
+import time
+import uuid
+from argparse import Namespace
+from typing import Any
+
+PROMPT = (
+    "<|im_start|>user\nWhich clockmaker built the silver orrery of Haldor?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+def load_tokenizer(spec: str) -> Any:
+    if spec == "byte":
+        return ByteTokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(spec)
+
+
+def digest(samples: list[Any]) -> str:
+    hasher = hashlib.sha256()
+    for sample in samples:
+        record = [
+            sample.tokens,
+            sample.loss_mask,
+            sample.rollout_log_probs,
+            sample.response,
+            getattr(sample.status, "name", str(sample.status)),
+        ]
+        hasher.update(json.dumps(record).encode())
+    return hasher.hexdigest()[:16]
+
+
+async def episodes(url: str, samples: int, turns: int, tokenizer: Any) -> dict[str, Any]:
+    from deepdive.clients import close_clients
+    from deepdive.rollout import generate_with_tool
+    from deepdive.sample import LocalSample
+
+    args = Namespace(
+        deepdive_sglang_url=url,
+        deepdive_tool_server_url=url,
+        deepdive_reward_server_url=url,
+        deepdive_tokenizer=tokenizer,
+        deepdive_max_turns=turns + 1,
+        rollout_max_context_len=1_000_000,
+    )
+    run = uuid.uuid4().hex[:8]  # the fake counts turns per session: new names every run
+    batch = [
+        LocalSample(prompt=PROMPT, label="Ilse Varen", session_id=f"{run}-{k}")
+        for k in range(samples)
+    ]
+    started, cpu = time.perf_counter(), time.process_time()
+    done = await asyncio.gather(
+        *(generate_with_tool(args, s, {"max_new_tokens": 100_000}) for s in batch)
+    )
+    elapsed, cpu_used = time.perf_counter() - started, time.process_time() - cpu
+    await close_clients()
+    turns_done = sum(s.metadata["deepdive"]["turns"] for s in done)
+    return {
+        "samples": samples,
+        "turns": turns_done,
+        "completed": sum(getattr(s.status, "name", "") == "COMPLETED" for s in done),
+        "seconds": round(elapsed, 3),
+        "cpu_ms_per_turn": round(cpu_used * 1000 / max(1, turns_done), 4),
+        "turns_per_s": round(turns_done / elapsed, 1),
+        "digest": digest(list(done)),
+    }
+
+
+def main() -> None:
+    tree, url, samples, turns, tokenizer_spec = sys.argv[1:6]
+    sys.path.insert(0, tree)
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {0})
+    import uvloop
+
+    tokenizer = load_tokenizer(tokenizer_spec)
+    uvloop.run(episodes(url, 8, int(turns), tokenizer))  # warm-up: imports, pools, caches
+    result = uvloop.run(episodes(url, int(samples), int(turns), tokenizer))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

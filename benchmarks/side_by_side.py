@@ -1,0 +1,265 @@
+"""Issue 17's figures as ratios: this checkout against main at the baseline commit, measured in
+turn, pair by pair, in one run (benchmarks/baseline.py makes the second worktree).
+
+Tool server (alone on core 0; fake Serper with 50 ms latency, wrk and the probe on core 1):
+  mixed   half the searches repeat one of 16 queries, every search is followed by a click
+  miss    a new query every call (every call reaches the upstream)
+at 64 and 256 sessions: server CPU per call, calls/s, added p50/p99 (over the upstream's latency).
+Then at 1,024 sessions of the mixed load, new sessions arrive in waves (benchmarks/accept_probe):
+time from connect to the first byte of their first call.
+
+Rollout (benchmarks/rollout_driver.py, one process on core 0; instant fakes on core 1):
+CPU per turn at 64 and 256 concurrent episodes with a Hugging Face fast tokenizer, and whether
+the two trees produce identical samples (tokens, masks, log-probs, text, status).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from benchmarks.baseline import BASELINE_COMMIT, ROOT, baseline_tree
+from benchmarks.harness import free_port, pinned, process, python_module, run_wrk
+from benchmarks.tool_server import UPSTREAM_LATENCY_S, tool_server_command, write_corpus
+
+SESSIONS = (64, 256)
+ACCEPT_SESSIONS = 1024
+ROUNDS = 2
+ROLLOUT_SAMPLES = (64, 256)
+ROLLOUT_TURNS = 16
+ROLLOUT_ROUNDS = 3
+SIDES = ("baseline", "this")
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    env = {**os.environ, "SERPER_API_KEY": "bench-key-not-secret", "PYTHONPATH": str(tree)}
+    env.pop("DEEPDIVE_SERVICE_TOKEN", None)
+    return env
+
+
+@contextmanager
+def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str]]]:
+    """Both trees' tool servers, each pinned to core 0: side -> (pid, base URL)."""
+    corpus = work / "corpus.jsonl"
+    write_corpus(corpus)
+    trees = {"baseline": baseline_tree(), "this": ROOT}
+    servers: dict[str, tuple[int, str]] = {}
+    with ExitStack() as stack:
+        for side, tree in trees.items():
+            port = free_port()
+            command = pinned(
+                tool_server_command(port, upstream, corpus, work / f"idx-{side}"), core=0
+            )
+            base = f"http://127.0.0.1:{port}"
+            with _in(tree):
+                proc = stack.enter_context(
+                    process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
+                )
+            httpx.post(  # the query the accept probe asks for: cached from here on
+                f"{base}/tool",
+                json={
+                    "session_id": "warm",
+                    "name": "search",
+                    "arguments": {"query": "silver orrery of haldor"},
+                },
+                timeout=30,
+            )
+            servers[side] = (proc.pid, base)
+        yield servers
+
+
+@contextmanager
+def _in(directory: Path) -> Iterator[None]:
+    before = Path.cwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def load_pair(
+    servers: dict[str, tuple[int, str]], upstream: str, mode: str, sessions: int, seconds: int
+) -> dict[str, dict[str, Any]]:
+    pair = {}
+    for side in SIDES:
+        pid, base = servers[side]
+        before = httpx.get(f"{upstream}/stats").json()["calls"]
+        run = run_wrk(pid, f"{base}/tool", f"tool-{mode}", sessions, seconds)
+        time.sleep(1)  # calls still in flight reach the upstream before counting
+        run["upstream_calls"] = httpx.get(f"{upstream}/stats").json()["calls"] - before
+        run["added_p50_ms"] = round(run["p50_ms"] - UPSTREAM_LATENCY_S * 1000, 2)
+        run["added_p99_ms"] = round(run["p99_ms"] - UPSTREAM_LATENCY_S * 1000, 2)
+        pair[side] = run
+    return pair
+
+
+def accept_run(pid: int, base: str, seconds: int) -> dict[str, Any]:
+    """wrk holds ACCEPT_SESSIONS sessions of mixed load; meanwhile waves of new sessions arrive."""
+    probe = subprocess.Popen(
+        pinned(
+            python_module("benchmarks.accept_probe", base, str(seconds - 3), "32", "0.25"), core=1
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        run = run_wrk(pid, f"{base}/tool", "tool-mixed", ACCEPT_SESSIONS, seconds)
+    finally:
+        out, _ = probe.communicate(timeout=120)
+    times = sorted(orjson.loads(out.strip().splitlines()[-1])["first_byte_ms"])
+    finite = [t for t in times if t != float("inf")]
+    return {
+        "calls_per_s": run["calls_per_s"],
+        "probes": len(times),
+        "failed": len(times) - len(finite),
+        "first_byte_p50_ms": round(statistics.median(finite), 1) if finite else None,
+        "first_byte_p99_ms": round(finite[int(0.99 * (len(finite) - 1))], 1) if finite else None,
+        "first_byte_max_ms": round(finite[-1], 1) if finite else None,
+        "within_100ms": round(sum(t <= 100 for t in finite) / max(1, len(times)), 3),
+    }
+
+
+def ratio(before: float, after: float) -> float:
+    return round(before / after, 2) if after else float("inf")
+
+
+def tool_server(seconds: int) -> dict[str, Any]:
+    if shutil.which("wrk") is None:
+        raise RuntimeError("the side-by-side benchmark needs wrk (apt-get install wrk)")
+    results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "loads": [], "accept": []}
+    with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
+        work = Path(tmp)
+        up_port = free_port()
+        upstream = f"http://127.0.0.1:{up_port}"
+        fake = pinned(
+            python_module(
+                "fakes.upstream", "--port", str(up_port), "--latency", str(UPSTREAM_LATENCY_S)
+            ),
+            core=1,
+        )
+        with (
+            process(fake, f"{upstream}/stats", work / "fake.log"),
+            tool_servers(work, upstream) as servers,
+        ):
+            for mode in ("mixed", "miss"):
+                for sessions in SESSIONS:
+                    pairs = [
+                        load_pair(servers, upstream, mode, sessions, seconds) for _ in range(ROUNDS)
+                    ]
+                    results["loads"].append(summarise(mode, sessions, pairs))
+            for _ in range(ROUNDS):
+                results["accept"].append(
+                    {side: accept_run(*servers[side], seconds + 3) for side in SIDES}
+                )
+    return results
+
+
+def summarise(mode: str, sessions: int, pairs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    def median(side: str, key: str) -> float:
+        return round(float(statistics.median(p[side][key] for p in pairs)), 3)
+
+    cpu_ratios = [
+        ratio(p["baseline"]["server_cpu_ms_per_call"], p["this"]["server_cpu_ms_per_call"])
+        for p in pairs
+    ]
+    rate_ratios = [ratio(p["this"]["calls_per_s"], p["baseline"]["calls_per_s"]) for p in pairs]
+    summary: dict[str, Any] = {
+        "mode": mode,
+        "sessions": sessions,
+        "cpu_ratio": statistics.median(cpu_ratios),
+        "cpu_ratios": cpu_ratios,
+        "calls_ratio": statistics.median(rate_ratios),
+        "pairs": pairs,
+    }
+    for side in SIDES:
+        for key in (
+            "server_cpu_ms_per_call",
+            "calls_per_s",
+            "added_p50_ms",
+            "added_p99_ms",
+            "errors",
+        ):
+            summary[f"{side}_{key}"] = median(side, key)
+    return summary
+
+
+def rollout() -> dict[str, Any]:
+    from deepdive.local.model import train_tokenizer
+
+    results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "runs": []}
+    trees = {"baseline": baseline_tree(), "this": ROOT}
+    driver = Path(__file__).with_name("rollout_driver.py")
+    with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
+        work = Path(tmp)
+        texts = [
+            "Which clockmaker built the silver orrery of Haldor? " * 20,
+            '<tool_call>{"name": "search", "arguments": {"query": "orrery"}}</tool_call>' * 20,
+            "【1】Orrery https://o.example/ A model. <tool_response>\n</tool_response>" * 20,
+        ]
+        train_tokenizer(texts, vocab_size=512).save_pretrained(work / "tokenizer")
+        port = free_port()
+        fakes = pinned(
+            python_module(
+                "fakes.rollout_servers", "--port", str(port), "--turns", str(ROLLOUT_TURNS)
+            ),
+            core=1,
+        )
+        url = f"http://127.0.0.1:{port}"
+        with process(fakes, f"{url}/health", work / "fakes.log"):
+            for samples in ROLLOUT_SAMPLES:
+                pairs = []
+                for _ in range(ROLLOUT_ROUNDS):
+                    pair = {}
+                    for side, tree in trees.items():
+                        completed = subprocess.run(
+                            [
+                                sys.executable,
+                                str(driver),
+                                str(tree),
+                                url,
+                                str(samples),
+                                str(ROLLOUT_TURNS),
+                                str(work / "tokenizer"),
+                            ],
+                            capture_output=True,
+                            text=True,
+                            check=True,
+                            timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(tree)},
+                        )
+                        pair[side] = orjson.loads(completed.stdout.strip().splitlines()[-1])
+                    pairs.append(pair)
+                results["runs"].append(
+                    {
+                        "samples": samples,
+                        "baseline_cpu_ms_per_turn": statistics.median(
+                            p["baseline"]["cpu_ms_per_turn"] for p in pairs
+                        ),
+                        "this_cpu_ms_per_turn": statistics.median(
+                            p["this"]["cpu_ms_per_turn"] for p in pairs
+                        ),
+                        "cpu_ratio": statistics.median(
+                            ratio(p["baseline"]["cpu_ms_per_turn"], p["this"]["cpu_ms_per_turn"])
+                            for p in pairs
+                        ),
+                        "identical_samples": all(
+                            p["baseline"]["digest"] == p["this"]["digest"] for p in pairs
+                        ),
+                        "pairs": pairs,
+                    }
+                )
+    return results

@@ -13,6 +13,10 @@ aborted or failed: reward 0 is set here, so slime never sees None, in the shape 
 with --reward-key). With --rollout-top-p < 1 each model turn's kept token ids are stored as
 slime's trainer replays them (deepdive.top_p). --partial-rollout and the fully-async rollout,
 which continue aborted episodes, are refused.
+
+Nothing raises out of either hook but a misconfiguration: a tool or reward server URL that is
+not ours (deepdive.service_check) raises ConfigError naming its setting, so the run stops
+instead of training on tool-error observations and zero rewards.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from deepdive.protocol import (
 )
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.sample import status_name, status_of
+from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
 from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
 from services.http import Upstream, decode_json_object
@@ -186,9 +191,10 @@ async def generate_turn(
 async def call_tool(
     settings: RolloutSettings, session_id: str, call: ToolCall, env: dict[str, Any]
 ) -> str:
-    """The observation for one tool call; a failing tool server becomes an observation too."""
-    client = service_client(
-        "tool_server", settings.tool_server_url, settings.tool_timeout_s, settings.retries
+    """The observation for one tool call; a failing tool server becomes an observation too.
+    Raises ConfigError where the URL is not our tool server's (a 404/405, or its check)."""
+    client = await checked_client(
+        TOOL_SERVER, settings.tool_server_url, settings.tool_timeout_s, settings.retries
     )
     payload = {
         "session_id": session_id,
@@ -203,6 +209,8 @@ async def call_tool(
         body = decode_json_object(reply.content, "tool_server")
         observation = body.get("observation", body.get("output", ""))
         return observation if isinstance(observation, str) else str(observation)
+    except ConfigError:
+        raise  # a wrong URL: the run stops
     except ServiceError as error:
         return f"The tool server could not run {call.name} ({error.message}). Try again or use another tool."
 
@@ -221,7 +229,8 @@ async def close_session(settings: RolloutSettings, session_id: str) -> None:
 async def generate_with_tool(
     args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Any:
-    """slime's custom generate function: the whole multi-turn episode for one sample."""
+    """slime's custom generate function: the whole multi-turn episode for one sample. Raises
+    only ConfigError (a setting slime's args got wrong, a tool server URL that is not ours)."""
     refuse_unsupported_modes(args)
     settings = settings_from_args(args)
     tokenizer = tokenizer_for(args)
@@ -407,10 +416,10 @@ def refuse_unsupported_modes(args: Any) -> None:
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
     """slime's custom reward: the reward server's strict binary reward (batch form for a group).
 
-    Never raises: an aborted sample, a sample without a label or an unreachable reward server
-    scores 0.0, and the reason is kept in sample.metadata["reward_details"]. When the batch call
-    fails, each sample is asked for on its own, so one item the server cannot take never costs
-    the group its other rewards.
+    An aborted sample, a sample without a label or an unreachable reward server scores 0.0, and
+    the reason is kept in sample.metadata["reward_details"]. When the batch call fails, each
+    sample is asked for on its own, so one item the server cannot take never costs the group
+    its other rewards. Raises only ConfigError: a URL that is not our reward server's.
     """
     samples = sample if isinstance(sample, list) else [sample]
     rewards = [0.0] * len(samples)
@@ -423,12 +432,14 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
             }
     if pending:
         settings = settings_from_args(args)
-        client = service_client(
-            "reward_server", settings.reward_server_url, settings.reward_timeout_s, settings.retries
+        client = await checked_client(
+            REWARD_SERVER, settings.reward_server_url, settings.reward_timeout_s, settings.retries
         )
         payloads = [_reward_payload(samples[i]) for i in pending]
         try:
             results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
+        except ConfigError:
+            raise  # a wrong URL: the run stops
         except ServiceError as error:
             log_event(
                 logger, "reward_failed", logging.WARNING, error=error.message, samples=len(pending)
@@ -465,6 +476,8 @@ async def _evaluate_one(client: Upstream, payload: dict[str, Any], timeout_s: fl
             "POST", "/evaluate", json=payload, deadline=time.monotonic() + timeout_s
         )
         return decode_json_object(reply.content, "reward_server")
+    except ConfigError:
+        raise
     except ServiceError as error:
         return _error_result(error)
 

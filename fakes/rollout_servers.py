@@ -1,6 +1,6 @@
-"""Instant fake SGLang (/generate) and tool server (/tool) for the rollout benchmark, as one bare
-ASGI app (no framework: the fakes must not be what is measured). Each session searches
-`turns - 1` times, then finishes.
+"""Instant fake SGLang (/generate) and tool server (/tool, and /health as ours answers it, since
+the rollout checks it) for the rollout benchmark and tests, as one bare ASGI app (no framework:
+the fakes must not be what is measured). Each session searches `turns - 1` times, then finishes.
 
 Run: python -m fakes.rollout_servers --port 9200 --turns 16
 """
@@ -23,6 +23,8 @@ OBSERVATION = orjson.dumps(
         "observation": "【1】Orrery\nhttps://o.example/\nA model.",
     }
 )
+
+HEALTH = orjson.dumps({"status": "ok"})
 
 
 def generation(text: str) -> bytes:
@@ -54,6 +56,8 @@ def create_app(turns: int) -> Any:
             body = finish if seen[key] >= turns else search
         elif path == "/tool":
             body = OBSERVATION
+        elif path == "/health":
+            body = HEALTH
         else:
             body = b"{}"
         headers = [

@@ -1,7 +1,7 @@
 """The baseline tree for side-by-side benchmarks: main at BASELINE_COMMIT in a second worktree.
 
 Absolute times drift on a shared machine; a ratio of two commands measured in turn, pair by pair,
-does not. The worktree is made once (benchmarks/.baseline/COMMIT, ignored by git) and reused;
+does not. The worktree is made once (.cache/baseline/COMMIT, ignored by git) and reused;
 both trees run on this checkout's virtual environment.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 # main before issue 17 (the figures the issue quotes were measured against it)
 BASELINE_COMMIT = "c98b67c"
 ROOT = Path(__file__).resolve().parent.parent
-BASELINES = Path(__file__).with_name(".baseline")
+BASELINES = ROOT / ".cache" / "baseline"
 
 
 class NoBaseline(RuntimeError):
@@ -25,7 +25,7 @@ def baseline_tree(commit: str = BASELINE_COMMIT) -> Path:
     tree = BASELINES / commit
     if (tree / "services").is_dir():
         return tree
-    BASELINES.mkdir(exist_ok=True)
+    BASELINES.mkdir(parents=True, exist_ok=True)
     made = subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), commit],
         capture_output=True,

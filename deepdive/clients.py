@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 
-from services.http import RetryPolicy, Upstream, UpstreamSettings
+from services.http import ErrorClassifier, RetryPolicy, Upstream, UpstreamSettings
 from services.secrets import TOKEN_ENV, read_secret
 
 # Clients belong to the event loop they were opened on; a finished loop takes its clients along.
@@ -18,8 +18,16 @@ _CLIENTS: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
-def service_client(name: str, base_url: str, timeout_s: float, retries: int) -> Upstream:
-    """The shared client for `name` at `base_url` on the running event loop."""
+def service_client(
+    name: str,
+    base_url: str,
+    timeout_s: float,
+    retries: int,
+    classify_error: ErrorClassifier | None = None,
+) -> Upstream:
+    """The shared client for `name` at `base_url` on the running event loop; `classify_error`
+    is the one given when the client is first made (deepdive.service_check gives our own
+    services theirs)."""
     clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
     key = (name, base_url, retries)
     client = clients.get(key)
@@ -33,7 +41,7 @@ def service_client(name: str, base_url: str, timeout_s: float, retries: int) -> 
             max_response_bytes=64_000_000,
             retry=RetryPolicy(max_attempts=retries + 1, base_delay_s=0.2, max_delay_s=5.0),
         )
-        client = Upstream(name, settings, headers=headers)
+        client = Upstream(name, settings, headers=headers, classify_error=classify_error)
         clients[key] = client
     return client
 

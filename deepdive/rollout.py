@@ -13,6 +13,10 @@ aborted or failed: reward 0 is set here, so slime never sees None, in the shape 
 with --reward-key). With --rollout-top-p < 1 each model turn's kept token ids are stored as
 slime's trainer replays them (deepdive.top_p). --partial-rollout and the fully-async rollout,
 which continue aborted episodes, are refused.
+
+Nothing raises out of either hook but a misconfiguration: a tool or reward server URL that is
+not ours (deepdive.service_check) raises ConfigError naming its setting, so the run stops
+instead of training on tool-error observations and zero rewards.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from deepdive.protocol import (
 )
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.sample import status_name, status_of
+from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
 from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
 from services.http import Upstream, decode_json_object
@@ -157,25 +162,6 @@ class Turn:
     top_p: tuple[list[int], list[int]] | None = None  # kept ids and offsets, when asked for
 
 
-@dataclass(frozen=True)
-class EpisodeClients:
-    """The episode's pooled clients, looked up once per episode rather than once per call."""
-
-    sglang: Upstream
-    tools: Upstream
-
-    @classmethod
-    def of(cls, settings: RolloutSettings) -> EpisodeClients:
-        return cls(
-            sglang=service_client(
-                "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
-            ),
-            tools=service_client(
-                "tool_server", settings.tool_server_url, settings.tool_timeout_s, settings.retries
-            ),
-        )
-
-
 async def generate_turn(
     client: Upstream,
     settings: RolloutSettings,
@@ -216,13 +202,16 @@ async def generate_turn(
 
 
 async def call_tool(
-    client: Upstream,
     settings: RolloutSettings,
     session_id: str,
     call: ToolCall,
     env: dict[str, Any],
 ) -> str:
-    """The observation for one tool call; a failing tool server becomes an observation too."""
+    """The observation for one tool call; a failing tool server becomes an observation too.
+    Raises ConfigError where the URL is not our tool server's (a 404/405, or its check)."""
+    client = await checked_client(
+        TOOL_SERVER, settings.tool_server_url, settings.tool_timeout_s, settings.retries
+    )
     payload = {
         "session_id": session_id,
         "name": call.name,
@@ -236,6 +225,8 @@ async def call_tool(
         body = decode_json_object(reply.content, "tool_server")
         observation = body.get("observation", body.get("output", ""))
         return observation if isinstance(observation, str) else str(observation)
+    except ConfigError:
+        raise  # a wrong URL: the run stops
     except ServiceError as error:
         return f"The tool server could not run {call.name} ({error.message}). Try again or use another tool."
 
@@ -244,23 +235,26 @@ _CLOSE_TIMEOUT_S = 5.0
 _CLOSE_SESSION = ToolCall("close_session")
 
 
-async def close_session(client: Upstream, settings: RolloutSettings, session_id: str) -> None:
+async def close_session(settings: RolloutSettings, session_id: str) -> None:
     """Tell the tool server the episode is over, so its state goes now rather than at expiry.
     Best effort and brief: a failure is logged by the client and never touches the sample."""
     short = replace(settings, tool_timeout_s=min(settings.tool_timeout_s, _CLOSE_TIMEOUT_S))
-    await call_tool(client, short, session_id, _CLOSE_SESSION, {})
+    await call_tool(short, session_id, _CLOSE_SESSION, {})
 
 
 async def generate_with_tool(
     args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
 ) -> Any:
-    """slime's custom generate function: the whole multi-turn episode for one sample."""
+    """slime's custom generate function: the whole multi-turn episode for one sample. Raises
+    only ConfigError (a setting slime's args got wrong, a tool server URL that is not ours)."""
     refuse_unsupported_modes(args)
     settings = settings_from_args(args)
     tokenizer = tokenizer_for(args)
     prompt_text = render_prompt(sample, tokenizer)
     observations = observation_tokens(tokenizer)
-    clients = EpisodeClients.of(settings)
+    sglang = service_client(  # looked up once per episode, not once per turn
+        "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
+    )
     trajectory = Trajectory.from_prompt(
         list(tokenizer.encode(prompt_text, add_special_tokens=False))
     )
@@ -292,7 +286,7 @@ async def generate_with_tool(
         started = time.monotonic()
         try:
             turn = await generate_turn(
-                clients.sglang,
+                sglang,
                 settings,
                 session_id,
                 trajectory.tokens,  # serialised before the call returns; only then does it grow
@@ -337,7 +331,7 @@ async def generate_with_tool(
         else:
             stats.tool_calls[found.call.name] += 1
             started = time.monotonic()
-            observation = await call_tool(clients.tools, settings, session_id, found.call, env)
+            observation = await call_tool(settings, session_id, found.call, env)
             stats.tool_s += time.monotonic() - started
         text = format_observation(observation)
         ids = observations.ids(text)
@@ -346,7 +340,7 @@ async def generate_with_tool(
             break
         trajectory.add_observation(ids, text)
     if any(stats.tool_calls[name] for name in BROWSING_TOOLS):
-        await close_session(clients.tools, settings, session_id)
+        await close_session(settings, session_id)
     return _finish_sample(
         args, sample, trajectory, prompt_text, session_id, status, stats, evaluation
     )
@@ -446,10 +440,10 @@ def refuse_unsupported_modes(args: Any) -> None:
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
     """slime's custom reward: the reward server's strict binary reward (batch form for a group).
 
-    Never raises: an aborted sample, a sample without a label or an unreachable reward server
-    scores 0.0, and the reason is kept in sample.metadata["reward_details"]. When the batch call
-    fails, each sample is asked for on its own, so one item the server cannot take never costs
-    the group its other rewards.
+    An aborted sample, a sample without a label or an unreachable reward server scores 0.0, and
+    the reason is kept in sample.metadata["reward_details"]. When the batch call fails, each
+    sample is asked for on its own, so one item the server cannot take never costs the group
+    its other rewards. Raises only ConfigError: a URL that is not our reward server's.
     """
     samples = sample if isinstance(sample, list) else [sample]
     rewards = [0.0] * len(samples)
@@ -462,12 +456,14 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
             }
     if pending:
         settings = settings_from_args(args)
-        client = service_client(
-            "reward_server", settings.reward_server_url, settings.reward_timeout_s, settings.retries
+        client = await checked_client(
+            REWARD_SERVER, settings.reward_server_url, settings.reward_timeout_s, settings.retries
         )
         payloads = [_reward_payload(samples[i]) for i in pending]
         try:
             results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
+        except ConfigError:
+            raise  # a wrong URL: the run stops
         except ServiceError as error:
             log_event(
                 logger, "reward_failed", logging.WARNING, error=error.message, samples=len(pending)
@@ -504,6 +500,8 @@ async def _evaluate_one(client: Upstream, payload: dict[str, Any], timeout_s: fl
             "POST", "/evaluate", json=payload, deadline=time.monotonic() + timeout_s
         )
         return decode_json_object(reply.content, "reward_server")
+    except ConfigError:
+        raise
     except ServiceError as error:
         return _error_result(error)
 

@@ -5,18 +5,27 @@ Inside slime the launcher writes `as_args()` into a YAML file passed as `--custo
 slime sets each key on `args`, and the rollout (running in slime's Ray actors) reads them here.
 The local backend passes the same keys on a Namespace. An environment variable is only a
 fallback, for running the hook by hand.
+
+The tool and reward server settings are base URLs; DeepDive's own variables name the endpoints
+(`.../tool`, `.../evaluate`), so those exact trailing segments are taken off when read here
+(`endpoint_base`), and either spelling works.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from argparse import Namespace
 from dataclasses import dataclass, fields
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from services.exceptions import ConfigError
+from services.logs import log_event
 from services.typed_config import positive
+
+logger = logging.getLogger("deepdive.rollout_settings")
 
 OnMalformed = Literal["fail", "continue"]
 
@@ -36,8 +45,9 @@ def arg_name(field: str) -> str:
 @dataclass(frozen=True)
 class RolloutSettings:
     """sglang_url          SGLang (router) base URL; default http://{sglang_router_ip}:{sglang_router_port}
-    tool_server_url     the tool server's base URL (POST /tool)
-    reward_server_url   the reward server's base URL (POST /evaluate, /evaluate/batch)
+    tool_server_url     the tool server's base URL (POST /tool); read from args, `.../tool` works too
+    reward_server_url   the reward server's base URL (POST /evaluate, /evaluate/batch); read
+                        from args, `.../evaluate` and `.../evaluate/batch` work too
     max_turns           model turns at most; more ends the episode as TRUNCATED (default 64)
     max_context_tokens  prompt + response never exceed this (slime's --rollout-max-context-len)
     on_malformed        fail: end the episode as FAILED (DeepDive's choice); continue: show the
@@ -96,6 +106,31 @@ class RolloutSettings:
 
 _DEFAULTS = RolloutSettings.__dataclass_fields__
 
+# The endpoints under each base URL, as DeepDive's DEEPDIVE_TOOL_SERVER_URL and
+# DEEPDIVE_REWARD_SERVER_URL spell them; the longer suffix first.
+ENDPOINTS: dict[str, tuple[str, ...]] = {
+    "tool_server_url": ("/tool",),
+    "reward_server_url": ("/evaluate/batch", "/evaluate"),
+}
+
+
+def endpoint_base(key: str, url: str) -> str:
+    """`url` without a trailing endpoint of `key`'s service (`http://h:8700/tool` ->
+    `http://h:8700`; a trailing slash is allowed). Strict: only whole segments in `ENDPOINTS`
+    are taken off, and a URL with a query or a fragment is kept as given."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url  # __post_init__ names the key and refuses it
+    if parts.query or parts.fragment:
+        return url
+    path = parts.path.rstrip("/")
+    for suffix in ENDPOINTS.get(key, ()):
+        if path.endswith(suffix):
+            log_event(logger, "service_url_normalised", setting=arg_name(key), dropped=suffix)
+            return urlunsplit(parts._replace(path=path.removesuffix(suffix)))
+    return url
+
 
 def rollout_args(settings: RolloutSettings, tokenizer: Any = None) -> Namespace:
     """What slime's `args` holds for the hooks, for callers without slime (the local backend,
@@ -118,6 +153,11 @@ def _value(args: Any, key: str, default: Any) -> Any:
     return value
 
 
+def _service_url(args: Any, key: str) -> Any:
+    value = _value(args, key, None)
+    return endpoint_base(key, value) if isinstance(value, str) else value
+
+
 def settings_from_args(args: Any) -> RolloutSettings:
     """Validated settings for this `args` (computed once per args object)."""
     cached = getattr(args, "_deepdive_rollout_settings", None)
@@ -131,8 +171,8 @@ def settings_from_args(args: Any) -> RolloutSettings:
     )
     settings = RolloutSettings(
         sglang_url=_value(args, "sglang_url", router),
-        tool_server_url=_value(args, "tool_server_url", None),
-        reward_server_url=_value(args, "reward_server_url", None),
+        tool_server_url=_service_url(args, "tool_server_url"),
+        reward_server_url=_service_url(args, "reward_server_url"),
         max_turns=_value(args, "max_turns", _DEFAULTS["max_turns"].default),
         max_context_tokens=_value(args, "max_context_tokens", context),
         on_malformed=_value(args, "on_malformed", _DEFAULTS["on_malformed"].default),

@@ -1,6 +1,7 @@
-"""Instant fake SGLang (/generate) and tool server (/tool) for the rollout benchmark, as one bare
-ASGI app (no framework: the fakes must not be what is measured). Each session searches
-`turns - 1` times, then finishes. The first `SHARED_SEARCHES` observations of every session are
+"""Instant fake SGLang (/generate) and tool server (/tool, and /health as ours answers it, since
+the rollout checks it) for the rollout benchmark and tests, as one bare ASGI app (no framework:
+the fakes must not be what is measured). Each session searches `turns - 1` times, then
+finishes. The first `SHARED_SEARCHES` observations of every session are
 the same text (a GRPO group's samples repeat each other's first searches); later ones differ
 per session and turn, as results of a sample's own searches do.
 
@@ -32,6 +33,9 @@ def own_observation(session: str, call: int) -> bytes:
     benchmark names sessions RUN-K, so equal K give equal samples from run to run)."""
     name = session.rpartition("-")[2]
     return observation(f"【1】Orrery {call}\nhttps://o.example/{name}/{call}\nA model.")
+
+
+HEALTH = orjson.dumps({"status": "ok"})
 
 
 def generation(text: str) -> bytes:
@@ -69,6 +73,8 @@ def create_app(turns: int) -> Any:
             tool_calls[session] += 1
             call = tool_calls[session]
             body = shared if call <= SHARED_SEARCHES else own_observation(session, call)
+        elif path == "/health":
+            body = HEALTH
         else:
             body = b"{}"
         headers = [

@@ -29,7 +29,7 @@ import orjson
 from yarl import URL
 
 from services.exceptions import (
-    ToolError,
+    ServiceError,
     UpstreamAuthError,
     UpstreamBadResponse,
     UpstreamError,
@@ -123,8 +123,9 @@ class UpstreamReply:
 
 
 # Reads a refused reply (status >= 400) before the generic rules: an UpstreamAuthError is a key
-# problem (reported once, /ready off); any other ToolError is raised as it is, never retried.
-ErrorClassifier = Callable[[UpstreamReply], "ToolError | None"]
+# problem (reported once, /ready off); any other error is raised as it is, never retried (a
+# ToolError for a provider; a ConfigError where a status means the URL itself is wrong).
+ErrorClassifier = Callable[[UpstreamReply], "ServiceError | None"]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

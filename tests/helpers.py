@@ -8,13 +8,14 @@ import subprocess
 import sys
 import time
 from argparse import Namespace
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pytest_httpserver import HTTPServer
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample
@@ -78,6 +79,17 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
         stop()
 
 
+def counting(app: ASGIApp, counts: Counter[str]) -> ASGIApp:
+    """`app`, counting each HTTP request it is sent as "METHOD /path" (on the server side)."""
+
+    async def counted(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            counts[f"{scope['method']} {scope['path']}"] += 1
+        await app(scope, receive, send)
+
+    return counted
+
+
 def wait_for_requests(server: HTTPServer, count: int, timeout_s: float = 5.0) -> None:
     """Block until a fake upstream has logged `count` requests: a slow handler that outlives
     its test would otherwise land in the next test's log."""
@@ -90,11 +102,11 @@ PROMPT = f"<|im_start|>user\n{FORBIDDEN_QUESTION}<|im_end|>\n<|im_start|>assista
 TOKENIZER = ByteTokenizer()
 
 
-def tool_app(corpus_file: Path, tmp_path: Path) -> Any:
+def tool_app(corpus_file: Path, tmp_path: Path, token: str | None = None) -> Any:
     config = ToolServerConfig(corpus=corpus_file, index_cache_dir=tmp_path / "idx", page_chars=400)
     metrics = ServiceMetrics("tool")
     search, reader = build_providers(config, metrics)
-    return create_tool_app(ToolExecutor(config, search, reader, metrics), metrics)
+    return create_tool_app(ToolExecutor(config, search, reader, metrics), metrics, token)
 
 
 def reward_app() -> Any:

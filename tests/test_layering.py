@@ -3,8 +3,9 @@ undo them:
 
     slurm/      the launcher: may import everything below
     deepdive/   the RL side: never imports slurm
-      the slime side (protocol, convert, rollout, rollout_settings, clients, sample): runs inside
-      slime's Ray actors on the cluster, so never imports the local backend or the offline world
+      the slime side (protocol, convert, rollout, rollout_settings, clients, service_check,
+      sample): runs inside slime's Ray actors on the cluster, so never imports the local backend
+      or the offline world
       local/    the CPU backend;  offline/  the offline world
     services/   the HTTP services: import nothing of deepdive but deepdive.protocol, and never
                 name the launcher (not even as a string to run)
@@ -28,6 +29,7 @@ SLIME_SIDE = (
     "rollout",
     "rollout_settings",
     "clients",
+    "service_check",
     "sample",
     "top_p",
     "filters",

@@ -18,18 +18,19 @@ from deepdive.rollout_settings import (
     REWARD_FUNCTION_PATH,
     RolloutSettings,
     arg_name,
+    endpoint_base,
     settings_from_args,
 )
 from services.exceptions import ConfigError
 
 
 def make_args(**extra: Any) -> Namespace:
-    return Namespace(
-        deepdive_sglang_url="http://127.0.0.1:1",
-        deepdive_tool_server_url="http://127.0.0.1:2",
-        deepdive_reward_server_url="http://127.0.0.1:3",
-        **extra,
-    )
+    urls = {
+        "deepdive_sglang_url": "http://127.0.0.1:1",
+        "deepdive_tool_server_url": "http://127.0.0.1:2",
+        "deepdive_reward_server_url": "http://127.0.0.1:3",
+    }
+    return Namespace(**{**urls, **extra})
 
 
 @pytest.mark.parametrize(
@@ -68,6 +69,51 @@ def test_settings_fall_back_to_slime_args_and_environment(monkeypatch: pytest.Mo
     )
     assert settings_from_args(args) is settings  # validated once
     assert json.dumps(settings.tool_server_url) == '"http://10.0.0.5:8700"'
+
+
+@pytest.mark.parametrize(
+    ("key", "given", "base"),
+    [
+        ("tool_server_url", "http://h:8700/tool", "http://h:8700"),
+        ("tool_server_url", "http://h:8700/tool/", "http://h:8700"),
+        ("tool_server_url", "https://h/api/tool", "https://h/api"),
+        ("reward_server_url", "http://h:8701/evaluate", "http://h:8701"),
+        ("reward_server_url", "http://h:8701/evaluate/batch", "http://h:8701"),
+        ("reward_server_url", "http://h:8701/evaluate/", "http://h:8701"),
+        # strict: only the exact trailing segments of that service, else kept as given
+        ("tool_server_url", "http://h:8700", "http://h:8700"),
+        ("tool_server_url", "http://h:8700/", "http://h:8700/"),
+        ("tool_server_url", "http://h:8700/tools", "http://h:8700/tools"),
+        ("tool_server_url", "http://h:8700/mytool", "http://h:8700/mytool"),
+        ("tool_server_url", "http://h:8700/tool/x", "http://h:8700/tool/x"),
+        ("tool_server_url", "http://h:8700/evaluate", "http://h:8700/evaluate"),
+        ("tool_server_url", "http://h:8700/tool?x=1", "http://h:8700/tool?x=1"),
+        ("reward_server_url", "http://h:8701/tool", "http://h:8701/tool"),
+        ("reward_server_url", "http://h:8701/evaluation", "http://h:8701/evaluation"),
+        ("reward_server_url", "http://h:8701/batch", "http://h:8701/batch"),
+        ("sglang_url", "http://h:30000/tool", "http://h:30000/tool"),
+    ],
+)
+def test_a_service_url_may_name_its_endpoint(key: str, given: str, base: str) -> None:
+    assert endpoint_base(key, given) == base
+
+
+def test_deepdive_spellings_of_the_urls_are_read_as_base_urls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DeepDive's own environment names the endpoints; ours the base URLs: both work.
+    monkeypatch.setenv("DEEPDIVE_TOOL_SERVER_URL", "http://10.0.0.5:8700/tool")
+    monkeypatch.setenv("DEEPDIVE_REWARD_SERVER_URL", "http://10.0.0.5:8701/evaluate")
+    settings = settings_from_args(Namespace(deepdive_sglang_url="http://10.0.0.1:30000"))
+    assert (settings.tool_server_url, settings.reward_server_url) == (
+        "http://10.0.0.5:8700",
+        "http://10.0.0.5:8701",
+    )
+    from_args = settings_from_args(
+        make_args(deepdive_reward_server_url="http://10.0.0.5:8701/evaluate/batch")
+    )
+    assert from_args.reward_server_url == "http://10.0.0.5:8701"
+    assert from_args.tool_server_url == "http://127.0.0.1:2"
 
 
 def test_the_custom_config_yaml_slime_loads_gives_back_the_same_settings(tmp_path: Path) -> None:

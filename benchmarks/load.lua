@@ -39,7 +39,7 @@ end
 local function mixed()
   local session = table.remove(clicks, 1)
   if session then
-    return '{"session_id":"' .. session .. '","name":"click","arguments":{"id":1}}'
+    return '{"session_id":"' .. session .. '","name":"click","arguments":{"link_id":1}}'
   end
   searches = searches + 1
   session = "m" .. unique()

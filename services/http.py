@@ -179,6 +179,8 @@ class Upstream:
             sock_read=settings.read_timeout_s,
         )
         self._session: aiohttp.ClientSession | None = None
+        if metrics is not None:
+            metrics.watch_upstream(name, lambda: self.in_flight, lambda: self.waiting)
 
     def _open_session(self) -> aiohttp.ClientSession:
         """The pool is opened on first use, inside the event loop that will use it."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -52,12 +55,32 @@ class ServiceMetrics:
             ["upstream", "kind"],
             registry=self.registry,
         )
+        self.upstream_in_flight = Gauge(
+            f"{prefix}_upstream_in_flight",
+            "Requests to an upstream now in flight (at most its concurrency bound).",
+            ["upstream"],
+            registry=self.registry,
+        )
+        self.upstream_waiting = Gauge(
+            f"{prefix}_upstream_waiting",
+            "Requests waiting for a slot under an upstream's concurrency bound: above 0 for "
+            "long while calls are slow, the bound (not the CPU) is what holds the server back.",
+            ["upstream"],
+            registry=self.registry,
+        )
         self.cache_hits = Counter(
             f"{prefix}_cache_hits", "Cache hits, by cache.", ["cache"], registry=self.registry
         )
         self.cache_misses = Counter(
             f"{prefix}_cache_misses", "Cache misses, by cache.", ["cache"], registry=self.registry
         )
+
+    def watch_upstream(
+        self, upstream: str, in_flight: Callable[[], float], waiting: Callable[[], float]
+    ) -> None:
+        """Read an upstream's counts when /metrics is scraped (nothing is done per request)."""
+        self.upstream_in_flight.labels(upstream).set_function(in_flight)
+        self.upstream_waiting.labels(upstream).set_function(waiting)
 
     def observe_request(self, operation: str, outcome: str, seconds: float) -> None:
         self.requests.labels(operation, outcome).inc()

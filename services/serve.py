@@ -16,6 +16,7 @@ from pathlib import Path
 import uvicorn
 from starlette.types import ASGIApp
 
+from services.accepting import EagerAcceptServer
 from services.connections import ConnectionLimits, ensure_fd_limit, protocol_class
 from services.exceptions import ConfigError
 from services.logs import configure_logging
@@ -163,7 +164,7 @@ def serve(
     )
     if on_listening is not None:
         on_listening(host, port)
-    uvicorn.Server(config).run(sockets=[sock])
+    EagerAcceptServer(config).run(sockets=[sock])
 
 
 def start_server_thread(
@@ -180,7 +181,7 @@ def start_server_thread(
         log_level="warning",
         http=protocol_class(limits or ConnectionLimits()),
     )
-    server = uvicorn.Server(config)
+    server = EagerAcceptServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

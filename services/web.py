@@ -74,10 +74,19 @@ class ClientDisconnected(RequestError):
     status_code = 400
 
 
+def _content_length(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """The Content-Length header from the ASGI scope's raw headers (lower-case names, as the
+    servers give them): building Starlette's `Headers` for one lookup costs more than the scan."""
+    for name, value in headers:
+        if name == b"content-length":
+            return value.decode("latin-1")
+    return None
+
+
 async def read_json_body(request: Request, max_bytes: int) -> Any:
     """The request body parsed as JSON; 413 past `max_bytes`, 400 when it is not JSON or the
     client disconnected before sending all of it."""
-    declared = request.headers.get("content-length")
+    declared = _content_length(request.scope["headers"])
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(
             f"request body of {declared} bytes is over the {max_bytes}-byte limit"

@@ -29,7 +29,9 @@ class RewardServerConfig:
     judge: JudgeBackend = "rule"
     judge_upstream: UpstreamSettings = field(
         default_factory=lambda: UpstreamSettings(
-            openai_judge.DEFAULT_URL, max_concurrency=16, read_timeout_s=60.0
+            openai_judge.DEFAULT_URL,
+            max_concurrency=openai_judge.DEFAULT_CONCURRENCY,
+            read_timeout_s=60.0,
         )
     )
     judge_model: str = openai_judge.DEFAULT_MODEL

@@ -23,6 +23,12 @@ from services.reward_server.judging import Verdict
 
 KEY_ENVS = ("DEEPDIVE_JUDGE_API_KEY", "OPENAI_API_KEY")
 DEFAULT_URL = "https://api.openai.com/v1"
+# Judge requests in flight at most. OpenAI-compatible providers limit requests per minute (for
+# OpenAI's small models from ~500 RPM on the lowest paid tier to ~30,000 RPM at the top) and a
+# short verdict takes ~0.5-2 s; a self-hosted judge (vLLM, SGLang) batches hundreds at once.
+# 128 in flight is ~100-250 verdicts/s; the old 16 capped the judge at ~16 per judge latency
+# (160/s at 0.1 s) whatever the load. Past a provider's limit it answers 429 with Retry-After.
+DEFAULT_CONCURRENCY = 128
 DEFAULT_MODEL = "gpt-4o-mini"
 
 GRADER_PROMPT = """Judge whether the [response] to the [question] is correct, using the precise and unambiguous [correct_answer] below.

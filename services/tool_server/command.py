@@ -87,8 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-concurrency",
         type=int,
-        default=defaults.serper.max_concurrency,
-        help="concurrent requests per upstream (default: %(default)s)",
+        default=None,
+        metavar="N",
+        help="requests in flight per upstream, for every upstream (default: each provider's "
+        f"own, from its rate limits: serper {defaults.serper.max_concurrency}, serpapi "
+        f"{defaults.serpapi.max_concurrency}, jina {defaults.jina.max_concurrency}, direct "
+        f"{defaults.direct.max_concurrency})",
     )
     parser.add_argument(
         "--retries",
@@ -146,7 +150,8 @@ def config_from_args(args: argparse.Namespace) -> ToolServerConfig:
 
     def upstream(settings: UpstreamSettings, url: str) -> UpstreamSettings:
         retry = replace(settings.retry, max_attempts=max(1, args.retries + 1))
-        return replace(settings, base_url=url, max_concurrency=args.max_concurrency, retry=retry)
+        bound = args.max_concurrency or settings.max_concurrency
+        return replace(settings, base_url=url, max_concurrency=bound, retry=retry)
 
     return replace(
         base,

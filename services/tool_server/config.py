@@ -48,9 +48,21 @@ class ToolServerConfig:
     reader: ReaderBackend = "offline"
     corpus: Path | None = None
     index_cache_dir: Path | None = field(default_factory=default_index_cache)
-    serper: UpstreamSettings = field(default_factory=lambda: UpstreamSettings(serper.DEFAULT_URL))
-    serpapi: UpstreamSettings = field(default_factory=lambda: UpstreamSettings(serpapi.DEFAULT_URL))
-    jina: UpstreamSettings = field(default_factory=lambda: UpstreamSettings(jina.DEFAULT_URL))
+    serper: UpstreamSettings = field(
+        default_factory=lambda: UpstreamSettings(
+            serper.DEFAULT_URL, max_concurrency=serper.DEFAULT_CONCURRENCY
+        )
+    )
+    serpapi: UpstreamSettings = field(
+        default_factory=lambda: UpstreamSettings(
+            serpapi.DEFAULT_URL, max_concurrency=serpapi.DEFAULT_CONCURRENCY
+        )
+    )
+    jina: UpstreamSettings = field(
+        default_factory=lambda: UpstreamSettings(
+            jina.DEFAULT_URL, max_concurrency=jina.DEFAULT_CONCURRENCY
+        )
+    )
     direct: UpstreamSettings = field(
         default_factory=lambda: UpstreamSettings(
             "", read_timeout_s=20.0, max_response_bytes=5_000_000

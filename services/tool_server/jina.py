@@ -24,6 +24,11 @@ from services.tool_server.urlguard import URLGuard
 
 KEY_ENV = "JINA_API_KEY"
 DEFAULT_URL = "https://r.jina.ai"
+# Requests in flight at most. Jina Reader's documented rate limits are per minute (20 RPM
+# without a key, 500 RPM with one, 5,000 RPM on premium keys) and a page takes ~2-5 s to read:
+# 500 RPM x ~4 s is ~33 in flight, premium ~330. 64 serves a keyed account without idling;
+# past its limit Jina answers 429, which the client backs off from.
+DEFAULT_CONCURRENCY = 64
 _MAX_READER_TIMEOUT_S = 30
 
 

@@ -21,6 +21,9 @@ from services.tool_server.providers import results_from_items, search_locale
 
 KEY_ENV = "SERPAPI_API_KEY"
 DEFAULT_URL = "https://serpapi.com"
+# Requests in flight at most. SerpAPI's plans allow roughly 1-15 searches per second (their
+# hourly throughput limits) and a search takes ~2-3 s: 15/s x ~2 s is ~32 in flight.
+DEFAULT_CONCURRENCY = 32
 _NO_RESULTS = "hasn't returned any results"
 _OUT_OF_CREDIT = ("run out of searches", "plan", "credit")
 

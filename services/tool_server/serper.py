@@ -12,6 +12,12 @@ from services.tool_server.providers import results_from_items, search_locale
 
 KEY_ENV = "SERPER_API_KEY"
 DEFAULT_URL = "https://google.serper.dev"
+# Requests in flight at most. Serper's plans are sold by queries per second (its pricing page
+# lists 50 to 300 QPS, the higher rates on the larger credit packs) and a query takes about
+# 0.5-1 s, so by Little's law the largest plan keeps ~150-300 queries in flight: 256 lets a
+# 1,024-session node use it, and a smaller plan answers 429 with Retry-After, which the client
+# honours (services/http.py). The old bound, 32, capped any plan at ~32-64 QPS while the CPU idled.
+DEFAULT_CONCURRENCY = 256
 
 
 class SerperSearch(UpstreamProvider):

@@ -7,6 +7,7 @@ values that are cached across requests.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable
@@ -103,7 +104,8 @@ class ToolExecutor:
             )
         budget = self.config.call_deadline_s
         try:
-            with anyio.fail_after(budget):
+            # asyncio's own timeout: anyio's cancel scope costs ~9 % of a cached call's CPU
+            async with asyncio.timeout(budget):
                 return await handler(request, time.monotonic() + budget)
         except TimeoutError:
             raise DeadlineExceeded(

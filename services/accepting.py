@@ -1,0 +1,102 @@
+"""uvicorn's server with an accept loop that takes every pending connection at once.
+
+Measured on the tool server at 1,024 sessions (benchmarks/side_by_side.py): under uvloop each
+pass of the event loop accepted ONE connection (strace: one accept4 per epoll_wait), and a
+saturated pass takes ~150 ms, so new sessions queued in the kernel's accept queue for up to
+10 s (the queue grew by every arrival: ~900 waiting after 8 s) while existing ones were
+served. asyncio's own loop accepts up to the backlog per readiness, but costs ~10 % more CPU
+per call. So the listening socket is read here: on each readiness, accept until the kernel has
+none left (at most the backlog), and hand each socket to the loop's `connect_accepted_socket`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import logging
+import socket
+
+import uvicorn
+
+from services.logs import log_event
+
+logger = logging.getLogger(__name__)
+
+# accept() errors that mean "out of a resource for now": stop accepting for a moment (as
+# asyncio does), instead of spinning on a socket that stays readable.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+RETRY_AFTER_EXHAUSTION_S = 1.0
+
+
+class EagerAcceptServer(uvicorn.Server):
+    """`uvicorn.Server` serving already bound sockets, accepting every pending connection."""
+
+    _listening: list[socket.socket]
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn starts the lifespan and marks itself started; the sockets are ours.
+        await super().startup(sockets=[])
+        if self.should_exit:
+            return
+        loop = asyncio.get_running_loop()
+        config = self.config
+        factory: functools.partial[asyncio.Protocol] = functools.partial(
+            config.http_protocol_class,  # type: ignore[call-arg]  # uvicorn's protocols take these
+            config=config,
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+        )
+        self._listening = list(sockets or [])
+        for sock in self._listening:
+            sock.listen(config.backlog)
+            sock.setblocking(False)
+            loop.add_reader(sock.fileno(), self._accept_pending, loop, sock, factory)
+
+    def _accept_pending(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        factory: functools.partial[asyncio.Protocol],
+    ) -> None:
+        for _ in range(self.config.backlog):
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _EXHAUSTED:
+                    log_event(
+                        logger,
+                        "accept_paused",
+                        logging.WARNING,
+                        error=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                        seconds=RETRY_AFTER_EXHAUSTION_S,
+                    )
+                    loop.remove_reader(sock.fileno())
+                    loop.call_later(
+                        RETRY_AFTER_EXHAUSTION_S,
+                        loop.add_reader,
+                        sock.fileno(),
+                        self._accept_pending,
+                        loop,
+                        sock,
+                        factory,
+                    )
+                return  # ECONNABORTED and the like: that client is gone; the next readiness
+            conn.setblocking(False)
+            task = loop.create_task(loop.connect_accepted_socket(factory, conn))
+            task.add_done_callback(functools.partial(_close_on_failure, conn))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sock in getattr(self, "_listening", []):
+            if sock.fileno() != -1:
+                loop.remove_reader(sock.fileno())
+        await super().shutdown(sockets=sockets)
+
+
+def _close_on_failure(conn: socket.socket, task: asyncio.Task[object]) -> None:
+    """A connection the loop could not take (closed by the client first, say) is closed here."""
+    if not task.cancelled() and task.exception() is not None:
+        conn.close()

@@ -68,6 +68,8 @@ def tool_server_command(
         str(cache_dir),
         "--max-concurrency",
         "1024",
+        "--workers",
+        "1",  # one process on core 0, whatever taskset leaves it: its pid's CPU is measured
         *extra,
     )
 

@@ -3,8 +3,9 @@ deepdive.rollout.generate_with_tool` and `--custom-rm-path deepdive.rollout.rewa
 
 Per turn: send the token ids so far to SGLang's /generate (token in, token out: the model's own
 tokens are never re-tokenised), stop at the end of a tool call, parse it with the shared
-protocol, run it on the tool server, and append the observation as tokens with loss mask 0 and
-log-probability 0.0. Each turn's max_new_tokens shrinks so prompt + response never exceed the
+protocol, run it on the tool server (on the one worker of the node's tool server that the
+episode's prompt picks: deepdive.routing), and append the observation as tokens with loss mask 0
+and log-probability 0.0. Each turn's max_new_tokens shrinks so prompt + response never exceed the
 context. `finish` ends the episode.
 
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
@@ -42,6 +43,7 @@ from deepdive.protocol import (
     format_observation,
 )
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
+from deepdive.routing import worker_for
 from deepdive.sample import status_name, status_of
 from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
@@ -202,16 +204,12 @@ async def generate_turn(
 
 
 async def call_tool(
-    settings: RolloutSettings,
-    session_id: str,
-    call: ToolCall,
-    env: dict[str, Any],
+    settings: RolloutSettings, tool_url: str, session_id: str, call: ToolCall, env: dict[str, Any]
 ) -> str:
-    """The observation for one tool call; a failing tool server becomes an observation too.
-    Raises ConfigError where the URL is not our tool server's (a 404/405, or its check)."""
-    client = await checked_client(
-        TOOL_SERVER, settings.tool_server_url, settings.tool_timeout_s, settings.retries
-    )
+    """The observation for one tool call, from the episode's tool server worker at `tool_url`;
+    a failing tool server becomes an observation too. Raises ConfigError where the URL is not
+    our tool server's (a 404/405, or its check)."""
+    client = await checked_client(TOOL_SERVER, tool_url, settings.tool_timeout_s, settings.retries)
     payload = {
         "session_id": session_id,
         "name": call.name,
@@ -235,11 +233,12 @@ _CLOSE_TIMEOUT_S = 5.0
 _CLOSE_SESSION = ToolCall("close_session")
 
 
-async def close_session(settings: RolloutSettings, session_id: str) -> None:
-    """Tell the tool server the episode is over, so its state goes now rather than at expiry.
-    Best effort and brief: a failure is logged by the client and never touches the sample."""
+async def close_session(settings: RolloutSettings, tool_url: str, session_id: str) -> None:
+    """Tell the episode's tool server worker the episode is over, so its state goes now rather
+    than at expiry. Best effort and brief: a failure is logged by the client and never touches
+    the sample."""
     short = replace(settings, tool_timeout_s=min(settings.tool_timeout_s, _CLOSE_TIMEOUT_S))
-    await call_tool(short, session_id, _CLOSE_SESSION, {})
+    await call_tool(short, tool_url, session_id, _CLOSE_SESSION, {})
 
 
 async def generate_with_tool(
@@ -261,6 +260,8 @@ async def generate_with_tool(
     if requested(sampling_params):
         trajectory.top_p = TopPSpans()
     session_id = sample.session_id or f"deepdive-{uuid.uuid4().hex}"
+    # every call of the episode goes to one worker, the one its prompt picks (deepdive.routing)
+    tool_url = worker_for(prompt_text, settings.tool_server_urls)
     env = remote_env_info(sample)
     stats = RolloutStats()
     response_budget = int(sampling_params.get("max_new_tokens") or settings.max_context_tokens)
@@ -331,7 +332,7 @@ async def generate_with_tool(
         else:
             stats.tool_calls[found.call.name] += 1
             started = time.monotonic()
-            observation = await call_tool(settings, session_id, found.call, env)
+            observation = await call_tool(settings, tool_url, session_id, found.call, env)
             stats.tool_s += time.monotonic() - started
         text = format_observation(observation)
         ids = observations.ids(text)
@@ -340,7 +341,7 @@ async def generate_with_tool(
             break
         trajectory.add_observation(ids, text)
     if any(stats.tool_calls[name] for name in BROWSING_TOOLS):
-        await close_session(settings, session_id)
+        await close_session(settings, tool_url, session_id)
     return _finish_sample(
         args, sample, trajectory, prompt_text, session_id, status, stats, evaluation
     )

@@ -45,7 +45,10 @@ def arg_name(field: str) -> str:
 @dataclass(frozen=True)
 class RolloutSettings:
     """sglang_url          SGLang (router) base URL; default http://{sglang_router_ip}:{sglang_router_port}
-    tool_server_url     the tool server's base URL (POST /tool); read from args, `.../tool` works too
+    tool_server_url     the tool server's base URL (POST /tool), or its workers' URLs separated
+                        by commas (a list is read too): each episode keeps to one, picked from
+                        its prompt (deepdive.routing); `tool_server_urls` has them split;
+                        read from args, `.../tool` works too (for each URL)
     reward_server_url   the reward server's base URL (POST /evaluate, /evaluate/batch); read
                         from args, `.../evaluate` and `.../evaluate/batch` work too
     max_turns           model turns at most; more ends the episode as TRUNCATED (default 64)
@@ -86,10 +89,15 @@ class RolloutSettings:
             raise ConfigError(
                 f"{arg_name('retries')}: expected a whole number >= 0, got {self.retries!r}"
             )
-        for name in ("sglang_url", "tool_server_url", "reward_server_url"):
-            url = getattr(self, name)
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigError(f"{arg_name(name)}: expected an http(s) URL, got {url!r}")
+        for name in ("sglang_url", "reward_server_url"):
+            _check_url(arg_name(name), getattr(self, name))
+        urls = url_list(arg_name("tool_server_url"), self.tool_server_url)
+        object.__setattr__(self, "tool_server_url", ",".join(urls))  # one spelling, always
+
+    @property
+    def tool_server_urls(self) -> tuple[str, ...]:
+        """The tool server's base URLs: one, or one per worker of the node's tool server."""
+        return tuple(self.tool_server_url.split(","))
 
     def as_args(self) -> dict[str, Any]:
         """Every setting under its `args` name: the custom-config YAML slime loads, or the
@@ -132,6 +140,30 @@ def endpoint_base(key: str, url: str) -> str:
     return url
 
 
+def _check_url(key: str, url: object, where: str = "") -> None:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}: {where}expected an http(s) URL, got {url!r}")
+
+
+def url_list(key: str, value: object) -> tuple[str, ...]:
+    """Base URLs from "URL", "URL,URL,..." or a list of URLs (what a YAML file may hold),
+    each checked; a bad one is named with its position."""
+    if isinstance(value, str) and "," not in value:
+        _check_url(key, value)
+        return (value,)
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items:
+        raise ConfigError(f"{key}: expected an http(s) URL or several, got {value!r}")
+    urls = []
+    for position, item in enumerate(items, start=1):
+        url = item.strip() if isinstance(item, str) else item
+        _check_url(key, url, f"URL {position} of {len(items)}: ")
+        urls.append(url)
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{key}: the same URL is listed twice in {value!r}")
+    return tuple(urls)
+
+
 def rollout_args(settings: RolloutSettings, tokenizer: Any = None) -> Namespace:
     """What slime's `args` holds for the hooks, for callers without slime (the local backend,
     benchmarks, tests): the settings and, optionally, a tokenizer object."""
@@ -154,8 +186,14 @@ def _value(args: Any, key: str, default: Any) -> Any:
 
 
 def _service_url(args: Any, key: str) -> Any:
+    """The setting with each URL's trailing endpoint taken off: one URL, a comma list or a
+    list (the tool server's workers); anything else is left for validation to name."""
     value = _value(args, key, None)
-    return endpoint_base(key, value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return ",".join(endpoint_base(key, url.strip()) for url in value.split(","))
+    if isinstance(value, list | tuple):
+        return [endpoint_base(key, url) if isinstance(url, str) else url for url in value]
+    return value
 
 
 def settings_from_args(args: Any) -> RolloutSettings:

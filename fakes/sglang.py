@@ -57,6 +57,9 @@ class FakeSGLang:
     requests: list[dict[str, Any]] = field(default_factory=list)
     on_request: Callable[[int], None] | None = None
     top_p_format: str = "base64"  # base64 | list | missing (a reply that lacks them)
+    # when set, each turn is chosen from the text so far (prompt and turns), not popped from
+    # `script`: episodes played at once each follow their own script
+    choose: Callable[[str], ScriptedTurn] | None = None
 
     def app(self) -> Starlette:
         tokenizer = ByteTokenizer()
@@ -66,7 +69,10 @@ class FakeSGLang:
             self.requests.append({**body, "routing_key": request.headers.get("x-smg-routing-key")})
             if self.on_request is not None:
                 self.on_request(len(self.requests))
-            turn = self.script.pop(0) if self.script else ScriptedTurn("", "abort")
+            if self.choose is not None:
+                turn = self.choose(tokenizer.decode(body["input_ids"]))
+            else:
+                turn = self.script.pop(0) if self.script else ScriptedTurn("", "abort")
             ids = tokenizer.encode(turn.text)
             finish = turn.finish
             limit = body["sampling_params"]["max_new_tokens"]

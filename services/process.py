@@ -3,9 +3,10 @@ it is ready: how the local run (and each node of a Slurm job) brings up the tool
 servers.
 
 The child binds the port it is given (0: a free one) and announces "... listening on
-http://HOST:PORT"; we read that line, then poll /ready (services.waiting: backoff, no fixed
-sleeps). Its log goes to a file (never a pipe that could fill and stall it), and a
-child that dies before it is ready is reported with the tail of that log.
+http://HOST:PORT" (a server of several workers: every worker's URL, separated by commas); we
+read that line, then poll every URL's /ready (services.waiting: backoff, no fixed sleeps). Its
+log goes to a file (never a pipe that could fill and stall it), and a child that dies before it
+is ready is reported with the tail of that log.
 """
 
 from __future__ import annotations
@@ -113,8 +114,13 @@ class ServiceProcess:
             )
         self._started = time.monotonic()
 
+    @property
+    def urls(self) -> list[str]:
+        """Every worker's base URL (one for a single-process service); `url` joins them."""
+        return self.url.split(",") if self.url else []
+
     def wait_ready(self, check: Callable[[], None] | None = None) -> str:
-        """The service's URL once it answers /ready; `check()` may give up earlier."""
+        """The service's URL once every worker answers /ready; `check()` may give up earlier."""
 
         def checks() -> None:
             self._check_alive()
@@ -148,11 +154,14 @@ class ServiceProcess:
         # a child started with the service token answers /ready only to a client that has it
         token = {**os.environ, **(self.environment or {})}.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        try:
-            response = httpx.get(f"{self.url}/ready", headers=headers, timeout=5, trust_env=False)
-            return response.status_code == 200
-        except httpx.TransportError:
-            return False
+        for url in self.urls:
+            try:
+                response = httpx.get(f"{url}/ready", headers=headers, timeout=5, trust_env=False)
+            except httpx.TransportError:
+                return False
+            if response.status_code != 200:
+                return False
+        return True
 
     def _check_alive(self) -> None:
         failure = self.failure()

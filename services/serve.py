@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -87,15 +88,30 @@ def prepare(args: argparse.Namespace) -> str | None:
     return token
 
 
-def announcer(title: str, token: str | None, examples: Sequence[str]) -> Callable[[str, int], None]:
-    """Prints where the service listens and how to try it; `{base}` and `{auth}` are filled in."""
+class Announce(Protocol):
+    def __call__(self, host: str, *ports: int) -> None: ...
 
-    def announce(host: str, port: int) -> None:
-        base = f"http://{url_host(host)}:{port}"
+
+def announcer(title: str, token: str | None, examples: Sequence[str]) -> Announce:
+    """Prints where the service listens and how to try it; `{base}` and `{auth}` are filled in.
+
+    With several ports (one per worker process, services.workers) "listening on" is followed
+    by every worker's URL, separated by commas: the one token a starter reads
+    (services.process) and the value the rollout's `deepdive_tool_server_url` takes."""
+
+    def announce(host: str, *ports: int) -> None:
+        bases = [f"http://{url_host(host)}:{port}" for port in ports]
+        base = bases[0]
         auth = f" -H 'Authorization: Bearer ${TOKEN_ENV}'" if token else ""
-        lines = [f"{title} listening on {base}"]
+        lines = [f"{title} listening on {','.join(bases)}"]
+        if len(bases) > 1:
+            lines.append(
+                f"  {len(bases)} workers, a process each, sharing nothing: a session's calls "
+                "must all go to one (the rollout picks it from the prompt)"
+            )
         lines += ["  " + example.format(base=base, auth=auth) for example in examples]
-        lines.append(f"  health: {base}/health  ready: {base}/ready  metrics: {base}/metrics")
+        each = " (each worker has its own)" if len(bases) > 1 else ""
+        lines.append(f"  health: {base}/health  ready: {base}/ready  metrics: {base}/metrics{each}")
         print("\n".join(lines), file=sys.stderr, flush=True)
 
     return announce

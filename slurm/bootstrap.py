@@ -179,7 +179,11 @@ class NodeBootstrap:
                 "slurm_node": node.node_name,
                 "ray": self.ray.address,
                 "services": urls,
-                "ports": {name: port for name, port in ports.all_ports() if name != "ray_worker"},
+                "ports": {
+                    name: port
+                    for name, port in ports.all_ports()
+                    if name not in ("ray_worker", "tools_worker")  # ranges: see "services"
+                },
             },
         )
         if not node.is_head:
@@ -257,13 +261,15 @@ class NodeBootstrap:
         logs = self.attempt.node_logs(self.node.node)
         drill = [DRILL_ARGUMENT] if drilled("services", self.node.node) else []
         for spec in self.backend.services():
+            # a tool server of N workers listens on N ports from its range of the block
+            first = ports.service_ports(spec.name, spec.worker_count(self.node.cpus))[0]
             service = ServiceProcess(
                 spec.name,
-                [*spec.arguments, "--host", host, *drill],
+                [*spec.command_arguments(self.node.cpus), "--host", host, *drill],
                 logs / f"{spec.name}.log",
                 ready_timeout_s=self.config.services.ready_timeout_s,
                 environment=environment,
-                port=ports.service_port(spec.name),
+                port=first,
             )
             self.services.append(service)
             service.launch()

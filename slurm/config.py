@@ -20,6 +20,7 @@ from deepdive.local.config import LocalRunConfig, RunSection
 from services.exceptions import ConfigError
 from services.secrets import check_env_file
 from services.typed_config import load_toml, require
+from slurm.ports import TOOL_PORTS
 from slurm.slime_config import SlimeSection
 
 Backend = Literal["local", "slime"]
@@ -113,12 +114,15 @@ class ContainerTable:
 class ServicesTable:
     """Each node's tool and reward servers. host 127.0.0.1: they answer their own node's
     rollout worker only; any other address needs DEEPDIVE_SERVICE_TOKEN (environment or env
-    file). env_file: KEY=VALUE secrets (SERPER_API_KEY, ...), mode 0600, read on the node."""
+    file). env_file: KEY=VALUE secrets (SERPER_API_KEY, ...), mode 0600, read on the node.
+    tool_workers: the tool server's worker processes on each node, each on its own port of the
+    node's block; 0 = one per CPU of the node's task, at most 8 (services.workers)."""
 
     host: str = "127.0.0.1"
     env_file: str = ""
     ready_timeout_s: float = 120.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    tool_workers: int = 0
     # the slime backend's servers (`python -m services tools|reward` arguments; the local
     # backend serves its own world): e.g. ["--search", "serper", "--reader", "jina"]
     tools: list[str] = field(default_factory=lambda: ["--search", "offline", "--reader", "offline"])
@@ -126,6 +130,12 @@ class ServicesTable:
 
     def __post_init__(self) -> None:
         require(self.ready_timeout_s > 0, "services.ready_timeout_s", "> 0", self.ready_timeout_s)
+        require(
+            0 <= self.tool_workers <= TOOL_PORTS,
+            "services.tool_workers",
+            f"0 (one per CPU of the task) to {TOOL_PORTS} (the ports a node keeps for them)",
+            self.tool_workers,
+        )
 
 
 @dataclass(frozen=True)

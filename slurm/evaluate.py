@@ -100,9 +100,8 @@ def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, str]]:
     with ExitStack() as stack:
         urls = {}
         for spec in build_backend(config).services():
-            process = ServiceProcess(
-                spec.name, [*spec.arguments, "--host", "127.0.0.1"], logs / f"{spec.name}.log"
-            )
+            arguments = [*spec.command_arguments(cores=None), "--host", "127.0.0.1"]
+            process = ServiceProcess(spec.name, arguments, logs / f"{spec.name}.log")
             urls[spec.name] = stack.enter_context(process).url
         yield urls
 

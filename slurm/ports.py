@@ -6,7 +6,8 @@ job's first block is derived from its id, so two jobs on one cluster start in di
 (consecutive ids are STRIDE blocks apart), and nodes that share a host (as emulated test nodes
 do) never share a port. A node checks that every port of its block is free before it starts
 anything; a taken one moves it to the next candidate block, and the ports it really uses are
-published in the run folder, so no node has to guess another's.
+published in the run folder, so no node has to guess another's. The tool server's named port
+is the first of a range (TOOL_PORTS), one port per worker process.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ BLOCK = 64
 STRIDE = 37  # blocks between consecutive job ids; coprime with the number of slots
 SLOTS = (HIGH - LOW) // BLOCK
 WORKER_PORTS = 40  # Ray worker processes (tasks, actors) per node
+TOOL_PORTS = 14  # the tool server's worker processes per node (services.tool_workers at most)
 CANDIDATES = 8  # blocks a node tries before it gives up
 
-# offset of each named port inside a node's block
+# offset of each named port inside a node's block; "tools" is the first of TOOL_PORTS
 OFFSETS = {
     "ray_gcs": 0,  # the head's GCS (the address workers join)
     "ray_client": 1,
@@ -33,11 +35,13 @@ OFFSETS = {
     "ray_dashboard_agent_grpc": 5,
     "ray_dashboard_agent_listen": 6,
     "ray_metrics_export": 7,
+    "reward": 8,
+    "tools_unseen": 9,
     "tools": 10,
-    "reward": 11,
-    "tools_unseen": 12,
     "ray_min_worker": BLOCK - WORKER_PORTS,
 }
+# ports after a named one that belong to it: a service of several worker processes
+RANGES = {"tools": TOOL_PORTS}
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,26 @@ class NodePorts:
 
     def all_ports(self) -> Iterator[tuple[str, int]]:
         yield from asdict(self).items()
+        for port in range(self.tools + 1, self.tools + TOOL_PORTS):
+            yield "tools_worker", port
         for port in range(self.ray_min_worker + 1, self.ray_max_worker + 1):
             yield "ray_worker", port
 
     def service_port(self, service: str) -> int:
         port: int = getattr(self, service.replace("-", "_"))
         return port
+
+    def service_ports(self, service: str, count: int) -> list[int]:
+        """The ports of a service's `count` worker processes: its port and the ones after it,
+        inside the range the plan keeps for it (one port unless RANGES names it)."""
+        room = RANGES.get(service.replace("-", "_"), 1)
+        if not 1 <= count <= room:
+            raise PortsUnavailable(
+                f"the {service} server cannot have {count} workers: the port plan keeps "
+                f"{room} port{'s' if room > 1 else ''} for it"
+            )
+        first = self.service_port(service)
+        return list(range(first, first + count))
 
 
 class PortsUnavailable(RuntimeError):

@@ -98,6 +98,12 @@ def wait_for_requests(server: HTTPServer, count: int, timeout_s: float = 5.0) ->
         time.sleep(0.02)
 
 
+def worker_pids(supervisor: int) -> list[int]:
+    """The child processes of a server's supervisor (services.workers): its workers."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text()
+    return [int(pid) for pid in children.split()]
+
+
 PROMPT = f"<|im_start|>user\n{FORBIDDEN_QUESTION}<|im_end|>\n<|im_start|>assistant\n"
 TOKENIZER = ByteTokenizer()
 

@@ -3,9 +3,9 @@ undo them:
 
     slurm/      the launcher: may import everything below
     deepdive/   the RL side: never imports slurm
-      the slime side (protocol, convert, rollout, rollout_settings, clients, service_check,
-      sample): runs inside slime's Ray actors on the cluster, so never imports the local backend
-      or the offline world
+      the slime side (protocol, convert, rollout, rollout_settings, routing, clients,
+      service_check, sample): runs inside slime's Ray actors on the cluster, so never imports
+      the local backend or the offline world
       local/    the CPU backend;  offline/  the offline world
     services/   the HTTP services: import nothing of deepdive but deepdive.protocol, and never
                 name the launcher (not even as a string to run)
@@ -33,6 +33,7 @@ SLIME_SIDE = (
     "sample",
     "top_p",
     "filters",
+    "routing",
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string

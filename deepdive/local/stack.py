@@ -21,8 +21,10 @@ def offline_tools_arguments(world: Path) -> list[str]:
 
 
 def tool_server(world: Path, log: Path) -> ServiceProcess:
-    """The tool server over one world's pages."""
-    return ServiceProcess("tool", [*offline_tools_arguments(world), "--log-level", "WARNING"], log)
+    """The tool server over one world's pages, as one process: on one machine the trainer and
+    the engine need the cores, and a small world's searches cost little."""
+    arguments = [*offline_tools_arguments(world), "--workers", "1", "--log-level", "WARNING"]
+    return ServiceProcess("tool", arguments, log)
 
 
 def reward_server(log: Path) -> ServiceProcess:

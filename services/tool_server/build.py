@@ -18,17 +18,27 @@ from services.tool_server.urlguard import URLGuard
 logger = logging.getLogger("deepdive.tool_server")
 
 
+def load_index(config: ToolServerConfig, show_progress: bool = False) -> CorpusIndex | None:
+    """The offline providers' corpus index (None when neither is configured). A server of
+    several workers loads it once, before they are forked: a bad corpus is one error, the
+    index is built once, and its memory stays shared until a worker writes to it."""
+    if "offline" not in (config.search, config.reader):
+        return None
+    documents = load_corpus(config.corpus)
+    index = CorpusIndex.open(documents, config.index_cache_dir, show_progress=show_progress)
+    log_event(logger, "corpus_loaded", documents=len(documents), source=config.corpus or "wiki")
+    return index
+
+
 def build_providers(
     config: ToolServerConfig,
     metrics: ServiceMetrics | None = None,
     show_progress: bool = False,
+    index: CorpusIndex | None = None,
 ) -> tuple[SearchProvider, PageReader]:
-    """The configured search provider and page reader."""
-    index: CorpusIndex | None = None
-    if "offline" in (config.search, config.reader):
-        documents = load_corpus(config.corpus)
-        index = CorpusIndex.open(documents, config.index_cache_dir, show_progress=show_progress)
-        log_event(logger, "corpus_loaded", documents=len(documents), source=config.corpus or "wiki")
+    """The configured search provider and page reader (`index`: one `load_index` gave)."""
+    if index is None:
+        index = load_index(config, show_progress)
     guard = URLGuard(config.allowed_networks)
 
     search: SearchProvider

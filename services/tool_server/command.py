@@ -3,26 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import socket
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+
+from starlette.types import ASGIApp
 
 from services.http import UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.secrets import TOKEN_ENV
-from services.serve import add_server_arguments, announcer, bind, connection_limits, prepare, serve
+from services.serve import add_server_arguments, announcer, connection_limits, prepare, serve
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.app import create_app
-from services.tool_server.build import build_providers
+from services.tool_server.build import build_providers, load_index
 from services.tool_server.config import READER_BACKENDS, SEARCH_BACKENDS, ToolServerConfig
+from services.tool_server.providers import PageReader, SearchProvider
 from services.tool_server.tools import ToolExecutor
+from services.workers import (
+    MAX_DEFAULT_WORKERS,
+    bind_workers,
+    check_workers,
+    default_workers,
+    supervise,
+)
 
 DEFAULT_PORT = 8700
+ProviderBuilder = Callable[
+    [ToolServerConfig, ServiceMetrics, bool], tuple[SearchProvider, PageReader]
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ToolServerConfig(index_cache_dir=None)
     add_server_arguments(parser, DEFAULT_PORT)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker processes, each its own event loop on its own port (--port P: P to P+N-1; "
+        "--port 0: a free port each) and its own caches; a session's calls must all reach one "
+        f"(default: one per core this process may run on, at most {MAX_DEFAULT_WORKERS}; "
+        f"here {default_workers()})",
+    )
     parser.add_argument(
         "--search",
         choices=SEARCH_BACKENDS,
@@ -186,21 +211,42 @@ def config_from_args(args: argparse.Namespace) -> ToolServerConfig:
     )
 
 
+EXAMPLES = [
+    "try: curl -s{auth} -X POST {base}/tool -H 'Content-Type: application/json' "
+    '-d \'{{"session_id": "demo", "name": "search", "arguments": {{"query": "Ada Lovelace"}}}}\'',
+    'then: ... -d \'{{"session_id": "demo", "name": "click", "arguments": {{"link_id": 1}}}}\'',
+]
+
+
 def run(args: argparse.Namespace) -> None:
+    """One process for --workers 1; more: a supervisor and a worker process per port."""
     token = prepare(args)
     config = config_from_args(args)
-    sock = bind(args.host, args.port)
-    metrics = ServiceMetrics("tool")
-    search, reader = build_providers(config, metrics, show_progress=sys.stderr.isatty())
-    app = create_app(ToolExecutor(config, search, reader, metrics), metrics, token=token)
-    announce = announcer(
-        f"tool server (search={config.search}, reader={config.reader})",
-        token,
-        [
-            "try: curl -s{auth} -X POST {base}/tool -H 'Content-Type: application/json' "
-            '-d \'{{"session_id": "demo", "name": "search", "arguments": {{"query": "Ada Lovelace"}}}}\'',
-            'then: ... -d \'{{"session_id": "demo", "name": "click", "arguments": {{"link_id": 1}}}}\'',
-        ],
-    )
+    workers = default_workers() if args.workers is None else check_workers(args.workers)
+    sockets = bind_workers(args.host, args.port, workers)
+    title = f"tool server (search={config.search}, reader={config.reader})"
+    announce = announcer(title, token, EXAMPLES)
     limits = connection_limits(args)
-    serve(app, sock, log_level=args.log_level, on_listening=announce, limits=limits)
+    show_progress = sys.stderr.isatty()
+    if workers == 1:
+        app = tool_app(config, token, build_providers, show_progress)
+        serve(app, sockets[0], log_level=args.log_level, on_listening=announce, limits=limits)
+        return
+    index = load_index(config, show_progress)  # once, shared by the workers' forks
+
+    def serve_worker(number: int, sock: socket.socket) -> None:
+        app = tool_app(config, token, functools.partial(build_providers, index=index), False)
+        serve(app, sock, log_level=args.log_level, limits=limits)
+
+    host = sockets[0].getsockname()[0]
+    announce(host, *(sock.getsockname()[1] for sock in sockets))
+    supervise(sockets, serve_worker, "tool server")
+
+
+def tool_app(
+    config: ToolServerConfig, token: str | None, build: ProviderBuilder, show_progress: bool
+) -> ASGIApp:
+    """The tool server's app with its own metrics, providers, caches and sessions."""
+    metrics = ServiceMetrics("tool")
+    search, reader = build(config, metrics, show_progress)
+    return create_app(ToolExecutor(config, search, reader, metrics), metrics, token=token)

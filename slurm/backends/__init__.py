@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from services.workers import default_workers
 from slurm.config import ExperimentConfig
 from slurm.run_folder import AttemptFolder
 
@@ -19,10 +20,25 @@ from slurm.run_folder import AttemptFolder
 @dataclass(frozen=True)
 class ServiceSpec:
     """One service every node runs: its name (also its port's name in the port plan) and its
-    `python -m services` arguments, without host and port."""
+    `python -m services` arguments, without host and port. `workers`: None for a service of
+    one process; a tool server's worker processes (`--workers`), 0 for one per core of the
+    node's task (`services.tool_workers`' default)."""
 
     name: str
     arguments: tuple[str, ...]
+    workers: int | None = None
+
+    def worker_count(self, cores: int | None) -> int:
+        """Its processes on a node with `cores` CPUs (None: this process's affinity)."""
+        if self.workers is None:
+            return 1
+        return self.workers or default_workers(cores)
+
+    def command_arguments(self, cores: int | None) -> list[str]:
+        """Its `python -m services` arguments, with `--workers` where it takes one."""
+        if self.workers is None:
+            return list(self.arguments)
+        return [*self.arguments, "--workers", str(self.worker_count(cores))]
 
 
 class Backend(Protocol):

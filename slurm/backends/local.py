@@ -39,17 +39,16 @@ class LocalBackend:
         return prepare_data(self.config, self.paths)
 
     def services(self) -> list[ServiceSpec]:
-        level = ("--log-level", self.experiment.services.log_level)
+        services = self.experiment.services
+        level = ("--log-level", services.log_level)
+        tools = offline_tools_arguments(self.paths.world)
         specs = [
-            ServiceSpec("tools", (*offline_tools_arguments(self.paths.world), *level)),
+            ServiceSpec("tools", (*tools, *level), services.tool_workers),
             ServiceSpec("reward", ("reward", "--judge", "rule", *level)),
         ]
-        if self.config.eval.unseen_questions:
-            specs.append(
-                ServiceSpec(
-                    "tools-unseen", (*offline_tools_arguments(self.paths.unseen_world), *level)
-                )
-            )
+        if self.config.eval.unseen_questions:  # a few held-out questions: one process
+            unseen = offline_tools_arguments(self.paths.unseen_world)
+            specs.append(ServiceSpec("tools-unseen", (*unseen, *level), workers=1))
         return specs
 
     def command(self, attempt: AttemptFolder) -> list[str]:

@@ -43,7 +43,7 @@ class SlimeBackend:
         level = ("--log-level", self.config.services.log_level)
         services = self.config.services
         return [
-            ServiceSpec("tools", ("tools", *services.tools, *level)),
+            ServiceSpec("tools", ("tools", *services.tools, *level), services.tool_workers),
             ServiceSpec("reward", ("reward", *services.reward, *level)),
         ]
 

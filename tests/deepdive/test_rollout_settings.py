@@ -146,3 +146,55 @@ def test_the_hook_paths_resolve_as_slime_loads_them(path: str, function: object)
     # slime/rollout/rm_hub/__init__.py:61-62 call it with these paths.
     module_path, _, attribute = path.rpartition(".")
     assert getattr(importlib.import_module(module_path), attribute) is function
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "http://10.0.0.1:20010,http://10.0.0.1:20011",
+        " http://10.0.0.1:20010 , http://10.0.0.1:20011",
+        ["http://10.0.0.1:20010", "http://10.0.0.1:20011"],  # a YAML list
+    ],
+)
+def test_a_tool_server_of_several_workers_is_a_comma_separated_list_or_a_list(
+    given: object, tmp_path: Path
+) -> None:
+    settings = settings_from_args(make_args(deepdive_tool_server_url=given))
+    urls = ("http://10.0.0.1:20010", "http://10.0.0.1:20011")
+    assert settings.tool_server_urls == urls
+    # written one way (the comma form), read back the same through slime's YAML
+    assert settings.as_args()["deepdive_tool_server_url"] == ",".join(urls)
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(settings.as_args()))
+    assert settings_from_args(Namespace(**yaml.safe_load(path.read_text()))) == settings
+
+
+def test_one_tool_server_url_reads_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPDIVE_TOOL_SERVER_URL", "http://10.0.0.5:8700,http://10.0.0.5:8701")
+    args = Namespace(deepdive_sglang_url="http://a:1", deepdive_reward_server_url="http://b:2")
+    assert settings_from_args(args).tool_server_urls == (
+        "http://10.0.0.5:8700",
+        "http://10.0.0.5:8701",
+    )
+    single = settings_from_args(make_args())
+    assert (single.tool_server_url, single.tool_server_urls) == (
+        "http://127.0.0.1:2",
+        ("http://127.0.0.1:2",),
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("http://a:1,ftp://b:2", "URL 2 of 2: expected an http(s) URL, got 'ftp://b:2'"),
+        ("http://a:1,", "URL 2 of 2: expected an http(s) URL, got ''"),
+        (["http://a:1", 3, "http://c:3"], "URL 2 of 3: expected an http(s) URL, got 3"),
+        ([], "expected an http(s) URL or several, got []"),
+        ("http://a:1,http://a:1", "the same URL is listed twice in 'http://a:1,http://a:1'"),
+        ("a:1", "expected an http(s) URL, got 'a:1'"),
+    ],
+)
+def test_a_bad_url_in_the_list_is_named(given: object, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        settings_from_args(make_args(deepdive_tool_server_url=given))
+    assert error.value.message == f"deepdive_tool_server_url: {message}"

@@ -73,6 +73,7 @@ def test_memory_stays_inside_the_cache_budgets(
         f"--search-cache-mb={SEARCH_CACHE_MB}",
         f"--page-cache-mb={PAGE_CACHE_MB}",
         "--log-level=WARNING",
+        "--workers=1",  # the bound is per worker process: one, measured by its pid
     ]
     with ServiceProcess("tool", arguments, tmp_path / "tool.log") as server:
         assert server.process is not None

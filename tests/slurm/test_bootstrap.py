@@ -1,9 +1,10 @@
 """Pieces of the node bootstrap that need no cluster: who a node is (from the environment
 Slurm and submitit give a task), the requeue decision submitit asks of node 0, where a node's
-output goes, and the failure drill."""
+output goes, the failure drill, and how many tool server workers a node runs on which ports."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,16 @@ import orjson
 import pytest
 import submitit
 
-from slurm.bootstrap import NodeJob, drilled
+from deepdive.rollout_settings import RolloutSettings
+from services.workers import MAX_DEFAULT_WORKERS
+from slurm.backends import build_backend
+from slurm.bootstrap import NodeBootstrap, NodeJob, drilled
 from slurm.config import load_experiment
-from slurm.environment import current_node
+from slurm.environment import NodeInfo, current_node
+from slurm.ports import plan_node_ports
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "cluster-tiny.toml"
 
 
 @pytest.fixture
@@ -92,3 +98,45 @@ def test_the_drill_names_a_phase_and_nodes(monkeypatch: pytest.MonkeyPatch) -> N
     assert not drilled("services", 0) and not drilled("ray", 1)
     monkeypatch.delenv("DEEPDIVE_DRILL")
     assert not drilled("services", 1)
+
+
+def test_the_tool_server_runs_services_tool_workers_or_one_per_cpu_of_the_task(
+    tmp_path: Path,
+) -> None:
+    folder = f'run.folder="{tmp_path}"'
+    unseen = "local.eval.unseen_questions=2"
+    specs = {s.name: s for s in build_backend(load_experiment(TINY, [folder, unseen])).services()}
+    assert specs["tools"].command_arguments(3)[-2:] == ["--workers", "3"]  # the task's CPUs
+    assert specs["tools"].command_arguments(64)[-2:] == ["--workers", str(MAX_DEFAULT_WORKERS)]
+    assert specs["tools-unseen"].command_arguments(64)[-2:] == ["--workers", "1"]
+    assert "--workers" not in specs["reward"].command_arguments(64)
+    config = load_experiment(TINY, [folder, "services.tool_workers=2", 'run.backend="slime"'])
+    (tools,) = [s for s in build_backend(config).services() if s.name == "tools"]
+    assert tools.command_arguments(64)[-2:] == ["--workers", "2"]
+
+
+def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
+    tmp_path: Path, corpus_file: Path
+) -> None:
+    """What the bootstrap's services phase does, without a cluster: the tool server's workers
+    on the first ports of its range, every one ready, and their URLs what the rollout gets."""
+    tools = ["--search", "offline", "--reader", "offline", "--corpus", str(corpus_file)]
+    overrides = [
+        f'run.folder="{tmp_path / "run"}"',
+        'run.backend="slime"',
+        f"services.tools={json.dumps([*tools, '--no-index-cache'])}",
+        "services.tool_workers=2",
+    ]
+    node = NodeInfo("424242", 0, 1, "host", "n0", restart_count=0, cpus=3)
+    bootstrap = NodeBootstrap(load_experiment(TINY, overrides), node)
+    ports, _ = plan_node_ports(node.job_id, node.node, node.num_nodes)
+    try:
+        bootstrap._launch_services(ports, {})
+        urls = {service.name: service.wait_ready() for service in bootstrap.services}
+    finally:
+        bootstrap._stop_children()
+    workers = [f"http://127.0.0.1:{port}" for port in (ports.tools, ports.tools + 1)]
+    assert urls == {"tools": ",".join(workers), "reward": f"http://127.0.0.1:{ports.reward}"}
+    assert RolloutSettings("http://s:1", urls["tools"], urls["reward"]).tool_server_urls == tuple(
+        workers
+    )

@@ -79,7 +79,7 @@ def server_process(
     args: list[str], env: dict[str, str]
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     process = subprocess.Popen(
-        [*DEEPDIVE, "serve", "tools", "--port", "0", *args],
+        [*DEEPDIVE, "serve", "tools", "--port", "0", "--workers", "1", *args],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,

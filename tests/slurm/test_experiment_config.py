@@ -67,6 +67,12 @@ def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
             '[services]\nenv_file = "/nowhere/keys.env"\n',
             "services.env_file: env file /nowhere/keys.env: no such file",
         ),
+        (
+            "[services]\ntool_workers = 15\n",
+            "services.tool_workers: expected 0 (one per CPU of the task) to 14 (the ports a "
+            "node keeps for them), got 15",
+        ),
+        ("[services]\ntool_workers = -1\n", "services.tool_workers: expected 0 (one per CPU"),
         ('[local.run]\nout = "elsewhere"\n', "local.run.out: expected left unset"),
         ("[local.grpo]\nlr = -1\n", "grpo.lr: expected a positive number"),
         ("[local.grpo]\nstepz = 1\n", "[local.grpo]: unknown key 'stepz'"),

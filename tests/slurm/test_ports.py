@@ -11,6 +11,7 @@ from slurm.ports import (
     BLOCK,
     HIGH,
     LOW,
+    TOOL_PORTS,
     NodePorts,
     PortsUnavailable,
     block_ports,
@@ -95,3 +96,29 @@ def test_no_free_block_is_a_clear_error() -> None:
     finally:
         for holder in holders:
             holder.close()
+
+
+def test_the_tool_server_has_a_range_of_ports_one_per_worker() -> None:
+    plan = block_ports(3)
+    tools = plan.service_ports("tools", TOOL_PORTS)
+    assert tools == list(range(plan.tools, plan.tools + TOOL_PORTS))
+    others = {port for name, port in plan.all_ports() if name not in ("tools", "tools_worker")}
+    assert not set(tools) & others  # checked free with the rest of the block, never shared
+    assert {port for name, port in plan.all_ports() if name == "tools_worker"} == set(tools[1:])
+    assert plan.service_ports("tools-unseen", 1) == [plan.tools_unseen]
+    with pytest.raises(PortsUnavailable, match=f"keeps {TOOL_PORTS} ports for it"):
+        plan.service_ports("tools", TOOL_PORTS + 1)
+    with pytest.raises(PortsUnavailable, match="keeps 1 port for it"):
+        plan.service_ports("reward", 2)
+
+
+def test_a_taken_tool_worker_port_moves_the_node_too() -> None:
+    planned = next(candidate_blocks("4711", 0, 1))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", planned.tools + TOOL_PORTS - 1))
+    holder.listen()
+    try:
+        chosen, notes = plan_node_ports("4711", 0, 1)
+    finally:
+        holder.close()
+    assert chosen != planned and notes and "tools_worker" in notes[0]

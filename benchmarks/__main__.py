@@ -10,7 +10,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import engine, job_start, local_training, reward_server, rollout, tool_server
+from benchmarks import (
+    engine,
+    job_start,
+    local_training,
+    reward_server,
+    rollout,
+    side_by_side,
+    tool_server,
+)
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -153,6 +161,80 @@ def show_job_start(console: Console, results: dict[str, Any]) -> None:
     )
 
 
+def show_side_by_side(console: Console, tools: dict[str, Any], rollouts: dict[str, Any]) -> None:
+    base = tools["baseline"]
+    table = Table(title=f"tool server, this checkout vs {base} (side by side, pairs in turn)")
+    columns = (
+        "load",
+        "sessions",
+        f"CPU ms/call {base}",
+        "CPU ms/call now",
+        "CPU ratio",
+        f"calls/s {base}",
+        "calls/s now",
+        f"added p50/p99 {base}",
+        "added p50/p99 now",
+        "errors then/now",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in tools["loads"]:
+        table.add_row(
+            row["mode"],
+            str(row["sessions"]),
+            f"{row['baseline_server_cpu_ms_per_call']:.3f}",
+            f"{row['this_server_cpu_ms_per_call']:.3f}",
+            f"{row['cpu_ratio']:.2f}x",
+            f"{row['baseline_calls_per_s']:.0f}",
+            f"{row['this_calls_per_s']:.0f}",
+            f"{row['baseline_added_p50_ms']:.1f} / {row['baseline_added_p99_ms']:.0f}",
+            f"{row['this_added_p50_ms']:.1f} / {row['this_added_p99_ms']:.0f}",
+            f"{row['baseline_errors']:.0f} / {row['this_errors']:.0f}",
+        )
+    console.print(table)
+    accept = Table(
+        title=f"new sessions at {side_by_side.ACCEPT_SESSIONS} busy sessions (mixed load): "
+        "connect -> first byte of the first call, and the kernel's accept queue"
+    )
+    for column in (
+        "tree",
+        "calls/s",
+        "existing calls p50 ms",
+        "new first byte p50 ms",
+        "p99 ms",
+        "max ms",
+        "accept queue max",
+        "accept queue mean",
+    ):
+        accept.add_column(column, justify="right")
+    for pair in tools["accept"]:
+        for side in side_by_side.SIDES:
+            run = pair[side]
+            accept.add_row(
+                base if side == "baseline" else "now",
+                f"{run['calls_per_s']:.0f}",
+                f"{run['existing_sessions_p50_ms']}",
+                f"{run['first_byte_p50_ms']}",
+                f"{run['first_byte_p99_ms']}",
+                f"{run['first_byte_max_ms']}",
+                f"{run['accept_queue_max']}",
+                f"{run['accept_queue_mean']}",
+            )
+    console.print(accept)
+    roll = Table(title=f"rollout CPU per turn, this checkout vs {rollouts['baseline']}")
+    for column in ("episodes", f"ms/turn {base}", "ms/turn now", "ratio", "identical samples"):
+        roll.add_column(column, justify="right")
+    for run in rollouts["runs"]:
+        roll.add_row(
+            str(run["samples"]),
+            f"{run['baseline_cpu_ms_per_turn']:.3f}",
+            f"{run['this_cpu_ms_per_turn']:.3f}",
+            f"{run['cpu_ratio']:.2f}x",
+            "yes" if run["identical_samples"] else "NO",
+        )
+    console.print(roll)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
@@ -165,12 +247,20 @@ def main() -> None:
             "engine",
             "job_start",
             "local_training",
+            "side_by_side",
         ],
         help="run one benchmark",
     )
     args = parser.parse_args()
     console = Console(width=160)
     RESULTS.mkdir(exist_ok=True)
+    if args.only in (None, "side_by_side"):
+        tools = side_by_side.tool_server(seconds=args.seconds)
+        rollouts = side_by_side.rollout()
+        (RESULTS / "side_by_side.json").write_text(
+            json.dumps({"tool_server": tools, "rollout": rollouts}, indent=2)
+        )
+        show_side_by_side(console, tools, rollouts)
     if args.only in (None, "tool_server"):
         results = tool_server.run(seconds=args.seconds)
         (RESULTS / "tool_server.json").write_text(json.dumps(results, indent=2))

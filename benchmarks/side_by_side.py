@@ -61,7 +61,10 @@ def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str
         for side, tree in trees.items():
             port = free_port()
             command = pinned(
-                tool_server_command(port, upstream, corpus, work / f"idx-{side}"), core=0
+                tool_server_command(
+                    port, upstream, corpus, work / f"idx-{side}", workers=side == "this"
+                ),
+                core=0,
             )
             base = f"http://127.0.0.1:{port}"
             with _in(tree):

@@ -48,8 +48,10 @@ def write_corpus(path: Path) -> None:
 
 
 def tool_server_command(
-    port: int, upstream: str, corpus: Path, cache_dir: Path, *extra: str
+    port: int, upstream: str, corpus: Path, cache_dir: Path, *extra: str, workers: bool = True
 ) -> list[str]:
+    """The benchmark's tool server; `workers=False` for a tree older than `--workers`."""
+    one_process = ["--workers", "1"] if workers else []  # its pid's CPU is what is measured
     return python_module(
         "slurm.cli",
         "serve",
@@ -68,8 +70,7 @@ def tool_server_command(
         str(cache_dir),
         "--max-concurrency",
         "1024",
-        "--workers",
-        "1",  # one process on core 0, whatever taskset leaves it: its pid's CPU is measured
+        *one_process,
         *extra,
     )
 

@@ -223,3 +223,32 @@ async def test_transport_failures_read_as_plain_words(reply: bytes, words: str) 
     # still a transport error, so retried (aiohttp itself retries an idempotent request once
     # when the server hangs up without a word, hence "at least")
     assert len(served) >= FAST.max_attempts
+
+
+def _gauge(metrics: ServiceMetrics, name: str) -> float:
+    for line in metrics.render().decode().splitlines():
+        if line.startswith(f"deepdive_test_upstream_{name}{{") and 'upstream="fake"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} gauge for upstream fake")
+
+
+@pytest.mark.anyio
+async def test_metrics_show_calls_in_flight_and_waiting_under_the_bound(
+    httpserver: HTTPServer,
+) -> None:
+    """Six calls under a bound of two: /metrics says 2 in flight and 4 waiting while the
+    upstream is slow, and 0 and 0 once they are done (read at scrape time)."""
+
+    def slow(_: Request) -> Response:
+        time.sleep(0.4)
+        return Response("{}", content_type="application/json")
+
+    httpserver.expect_request("/slow").respond_with_handler(slow)
+    client = upstream(httpserver, max_concurrency=2)
+    assert client.metrics is not None
+    calls = [asyncio.create_task(client.send("GET", "/slow")) for _ in range(6)]
+    await asyncio.sleep(0.2)
+    assert (_gauge(client.metrics, "in_flight"), _gauge(client.metrics, "waiting")) == (2, 4)
+    await asyncio.gather(*calls)
+    assert (_gauge(client.metrics, "in_flight"), _gauge(client.metrics, "waiting")) == (0, 0)
+    await client.aclose()

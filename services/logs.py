@@ -186,6 +186,12 @@ def configure_logging(level: str | int = "INFO") -> None:
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    # The format names none of the caller's file and line, thread or process: do not compute
+    # them for every record (the logging HOWTO's "Optimization"; a service logs every call).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

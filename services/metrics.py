@@ -68,6 +68,7 @@ class ServiceMetrics:
             ["upstream"],
             registry=self.registry,
         )
+        self._children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self.cache_hits = Counter(
             f"{prefix}_cache_hits", "Cache hits, by cache.", ["cache"], registry=self.registry
         )
@@ -83,8 +84,17 @@ class ServiceMetrics:
         self.upstream_waiting.labels(upstream).set_function(waiting)
 
     def observe_request(self, operation: str, outcome: str, seconds: float) -> None:
-        self.requests.labels(operation, outcome).inc()
-        self.latency.labels(operation).observe(seconds)
+        # the labelled children, looked up once (prometheus_client's labels() validates and
+        # locks on every call; a service observes every request)
+        key = (operation, outcome)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.requests.labels(operation, outcome),
+                self.latency.labels(operation),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

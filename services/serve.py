@@ -173,6 +173,7 @@ def serve(
         log_config=None,  # our logging configuration stays in charge
         log_level=log_level.lower(),
         access_log=False,  # one line per call comes from the app, without request bodies
+        proxy_headers=False,  # no proxy in front: X-Forwarded-For is not read on every request
         loop="auto",
         http=protocol_class(limits),  # httptools, with header/body timeouts and the cap
         lifespan="on",
@@ -193,6 +194,7 @@ def start_server_thread(
         app,
         log_config=None,
         access_log=False,
+        proxy_headers=False,
         lifespan="on",
         log_level="warning",
         http=protocol_class(limits or ConnectionLimits()),

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from deepdive.local.grpo import scoring_temperature
 from services.exceptions import RequestError
@@ -356,7 +356,7 @@ def create_engine_app(
     metrics: ServiceMetrics | None = None,
     token: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
-) -> Starlette:
+) -> ASGIApp:
     """The engine as a service: POST /generate plus service_app's /health, /ready, /metrics,
     bearer auth on all but /health when `token` is set (the in-process local run sets none)."""
     metrics = metrics or ServiceMetrics("engine")

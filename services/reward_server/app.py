@@ -10,10 +10,7 @@ import time
 from typing import Any
 
 import anyio
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope
 
 from services.exceptions import RequestError
 from services.logs import log_event
@@ -21,12 +18,7 @@ from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluation, Evaluator
 from services.reward_server.models import parse_evaluation_request
-from services.web import (
-    json_response,
-    read_json_body,
-    request_error_response,
-    service_app,
-)
+from services.web import error_body, read_json, service_app
 
 logger = logging.getLogger("deepdive.reward_server")
 
@@ -36,22 +28,22 @@ def create_app(
     evaluator: Evaluator,
     metrics: ServiceMetrics,
     token: str | None = None,
-) -> Starlette:
-    async def evaluate(request: Request) -> Response:
+) -> ASGIApp:
+    async def evaluate(scope: Scope, receive: Receive) -> tuple[int, Any]:
         started = time.perf_counter()
         try:
-            item = parse_evaluation_request(await read_json_body(request, config.max_body_bytes))
+            item = parse_evaluation_request(await read_json(scope, receive, config.max_body_bytes))
         except RequestError as error:
             metrics.observe_request("evaluate", error.code, time.perf_counter() - started)
-            return request_error_response(error)
+            return error.status_code, error_body(error.code, error.message)
         evaluation = await evaluator.evaluate(item)
         _record(metrics, "evaluate", evaluation, started)
-        return json_response(evaluation.as_json())
+        return 200, evaluation.as_json()
 
-    async def evaluate_batch(request: Request) -> Response:
+    async def evaluate_batch(scope: Scope, receive: Receive) -> tuple[int, Any]:
         started = time.perf_counter()
         try:
-            body = await read_json_body(request, config.max_body_bytes)
+            body = await read_json(scope, receive, config.max_body_bytes)
             if isinstance(body, dict) and "items" in body:
                 body = body["items"]
             if not isinstance(body, list):
@@ -67,7 +59,7 @@ def create_app(
             ]
         except RequestError as error:
             metrics.observe_request("evaluate_batch", error.code, time.perf_counter() - started)
-            return request_error_response(error)
+            return error.status_code, error_body(error.code, error.message)
         results: list[dict[str, Any]] = [{} for _ in items]
 
         async def run(index: int) -> None:
@@ -79,17 +71,14 @@ def create_app(
             for index in range(len(items)):
                 group.start_soon(run, index)
         metrics.observe_request("evaluate_batch", "ok", time.perf_counter() - started)
-        return json_response(results)
+        return 200, results
 
     def not_ready() -> dict[str, str]:
         reason = evaluator.judge.not_ready_reason()
         return {f"judge:{evaluator.judge.name}": reason} if reason else {}
 
     return service_app(
-        [
-            Route("/evaluate", evaluate, methods=["POST"]),
-            Route("/evaluate/batch", evaluate_batch, methods=["POST"]),
-        ],
+        fast={"/evaluate": evaluate, "/evaluate/batch": evaluate_batch},
         metrics=metrics,
         not_ready=not_ready,
         ready_details=lambda: {"judge": evaluator.judge.name},

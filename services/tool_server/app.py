@@ -10,42 +10,34 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope
 
 from services.exceptions import RequestError, ToolError
 from services.logs import log_event, redact
 from services.metrics import ServiceMetrics
 from services.tool_server.models import parse_tool_request
 from services.tool_server.tools import ToolExecutor
-from services.web import (
-    error_body,
-    json_response,
-    read_json_body,
-    request_error_response,
-    service_app,
-)
+from services.web import error_body, read_json, service_app
 
 logger = logging.getLogger("deepdive.tool_server")
 
 
 def create_app(
     executor: ToolExecutor, metrics: ServiceMetrics, token: str | None = None
-) -> Starlette:
+) -> ASGIApp:
     """The ASGI app around a ready executor. `token` turns on bearer auth (all but /health)."""
     max_body = executor.config.max_body_bytes
 
-    async def tool(request: Request) -> Response:
+    async def tool(scope: Scope, receive: Receive) -> tuple[int, Any]:
         started = time.perf_counter()
         name = "invalid"
         try:
-            call = parse_tool_request(await read_json_body(request, max_body))
+            call = parse_tool_request(await read_json(scope, receive, max_body))
         except RequestError as error:
             _record(metrics, name, error.code, started, session=None, cache=None)
-            return request_error_response(error)
+            return error.status_code, error_body(error.code, error.message)
         name = call.name if call.name in executor.tool_names else "unknown"  # bounded labels
         try:
             outcome = await executor.call(call)
@@ -54,15 +46,13 @@ def create_app(
             message = redact(error.message)  # an upstream may echo a key back in its error
             body = {"output": message, "observation": message}
             body.update(error_body(error.code, message))
-            return json_response(body)
+            return 200, body
         _record(metrics, name, "ok", started, call.session_id, outcome.cache)
-        return json_response({"output": outcome.text, "observation": outcome.text})
+        return 200, {"output": outcome.text, "observation": outcome.text}
 
     return service_app(
-        [
-            Route("/tool", tool, methods=["POST"]),
-            Route("/", tool, methods=["POST"]),  # DeepDive's rollout posts to the root too
-        ],
+        # DeepDive's rollout posts to the root too
+        fast={"/tool": tool, "/": tool},
         metrics=metrics,
         not_ready=executor.not_ready_reasons,
         ready_details=lambda: {

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from services.metrics import ServiceMetrics
 from services.tool_server.app import create_app
@@ -23,7 +23,7 @@ from tests.helpers import DOCUMENTS, FORBIDDEN_QUESTION, serve_in_thread
 
 def make_app(
     corpus_file: Path, tmp_path: Path, token: str | None = None, **overrides: Any
-) -> Starlette:
+) -> ASGIApp:
     config = ToolServerConfig(
         corpus=corpus_file,
         index_cache_dir=tmp_path / "index",

@@ -1,0 +1,221 @@
+"""A lean HTTP/1.1 client for plain-HTTP services on the cluster network: keep-alive connections
+per host, requests written as one buffer, replies parsed by httptools (llhttp, the parser
+uvicorn uses).
+
+Why not aiohttp here: a rollout turn is two small requests to our own services (SGLang's
+/generate and the tool server's /tool), and aiohttp spends ~0.12-0.15 ms of CPU on each (a
+task per request body, per-request URL, header and timeout objects; profiled with py-spy in
+benchmarks/rollout_driver.py): about half of a turn's CPU. This client does what those calls
+need and nothing else: no TLS, proxies, cookies, redirects or compression (it asks for
+`identity`). `Upstream` keeps its retries, deadlines, caps and error words, and keeps aiohttp
+for every https upstream (Serper, SerpAPI, Jina, judges).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+
+class PlainHttpError(ConnectionError):
+    """The connection failed or the server broke HTTP; `Upstream` retries it as a transport
+    failure. `words` say what happened in plain language."""
+
+    def __init__(self, words: str) -> None:
+        super().__init__(words)
+        self.words = words
+
+
+class ResponseTooLarge(Exception):
+    """The reply's body passed the caller's byte cap (the connection is dropped)."""
+
+
+@dataclass(frozen=True)
+class PlainReply:
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+    charset: str | None
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: at most one request in flight on it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[PlainReply] | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._size = 0
+        self._limit = 0
+        self._answered = False  # a byte of the reply has arrived (not safe to resend)
+        self._overflow = False
+        self.keep_alive = True
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._answered = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._fail(PlainHttpError("the server sent a malformed response"))
+        if self._overflow:
+            self._fail(ResponseTooLarge())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._waiter is not None and not self._waiter.done():
+            words = (
+                "the server closed the connection before the response was complete"
+                if self._answered
+                else "the server closed the connection"
+            )
+            self._waiter.set_exception(PlainHttpError(words))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        # (httptools turns an exception raised here into a parser error: flag it instead)
+        self._size += len(body)
+        if self._size > self._limit:
+            self._overflow = True
+            self._body.clear()
+        elif not self._overflow:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._overflow:
+            return  # data_received fails the request
+        self.keep_alive = self._parser.should_keep_alive()
+        headers: CIMultiDict[str] = CIMultiDict(
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers
+        )
+        reply = PlainReply(
+            self._parser.get_status_code(),
+            CIMultiDictProxy(headers),
+            b"".join(self._body),
+            _charset(headers.get("content-type")),
+        )
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(reply)
+
+    # the client's side
+    def send(self, request: bytes, limit: int) -> asyncio.Future[PlainReply]:
+        assert self.transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._headers, self._body, self._size, self._limit = [], [], 0, limit
+        self._answered = self._overflow = False
+        self.transport.write(request)
+        return self._waiter
+
+    @property
+    def answered(self) -> bool:
+        return self._answered
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _charset(content_type: str | None) -> str | None:
+    if not content_type:
+        return None
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.strip().partition("=")
+        if key.lower() == "charset" and value:
+            return value.strip('"')
+    return None
+
+
+class PlainHttpPool:
+    """Keep-alive connections to one `http://host:port`, reused last in, first out."""
+
+    def __init__(self, base_url: str, headers: Mapping[str, str]) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"not a plain http:// base URL: {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        host_header = parts.netloc.rpartition("@")[2]
+        lines = [f"Host: {host_header}", "Accept-Encoding: identity"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        self._fixed = "".join(f"{line}\r\n" for line in lines).encode("latin-1")
+        self._idle: list[_Connection] = []
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        *,
+        connect_timeout_s: float,
+        limit: int,
+    ) -> PlainReply:
+        """Send one request and read its reply. `target` is the path and query. Raises
+        `PlainHttpError` (transport), `ResponseTooLarge`, or TimeoutError (connect); the
+        caller bounds the whole exchange with its own timeout."""
+        head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
+        if headers:
+            head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+        request = head + f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.closed:
+                continue
+            try:
+                return await self._exchange(connection, request, limit)
+            except PlainHttpError:
+                if connection.answered:
+                    raise
+                # The server had closed this idle connection before our request reached it
+                # (its keep-alive timeout): nothing was processed, so a fresh one may resend.
+        connection = await self._connect(connect_timeout_s)
+        return await self._exchange(connection, request, limit)
+
+    async def _connect(self, timeout_s: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, protocol = await loop.create_connection(_Connection, self.host, self.port)
+        except OSError as exc:
+            raise PlainHttpError(f"could not connect ({exc.strerror or exc})") from None
+        return protocol
+
+    async def _exchange(self, connection: _Connection, request: bytes, limit: int) -> PlainReply:
+        try:
+            reply = await connection.send(request, limit)
+        except BaseException:
+            connection.close()  # cancelled, timed out or failed mid-exchange: never reused
+            raise
+        if connection.keep_alive and not connection.closed:
+            self._idle.append(connection)
+        else:
+            connection.close()
+        return reply
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()

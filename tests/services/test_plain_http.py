@@ -1,0 +1,230 @@
+"""The lean client (services/plain_http.py) through `Upstream(plain_http=True)`, against raw
+asyncio servers on loopback that answer exactly what each case needs: keep-alive reuse, a
+connection the server closed while idle, chunked bodies, the response cap, malformed and cut
+replies, refused connections and deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import orjson
+import pytest
+
+from services.exceptions import UpstreamBadResponse, UpstreamUnavailable
+from services.http import RetryPolicy, Upstream, UpstreamSettings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+ONCE = RetryPolicy(max_attempts=1)
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+    """The request head and body, or None when the client closed the connection."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length)
+
+
+def reply(body: bytes, status: str = "200 OK", extra: bytes = b"") -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n".encode()
+        + extra
+        + b"\r\n"
+        + body
+    )
+
+
+@asynccontextmanager
+async def server(handler: Handler) -> AsyncIterator[str]:
+    """A server running `handler` per connection; every connection is closed at the end."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await handler(reader, writer)
+
+    listening = await asyncio.start_server(tracked, "127.0.0.1", 0)
+    port = listening.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        listening.close()
+        for writer in writers:
+            writer.close()
+        await listening.wait_closed()
+        await asyncio.sleep(0.01)  # the handlers see their connections end
+
+
+def client(base: str, **settings: object) -> Upstream:
+    options: dict[str, object] = {"plain_http": True, "retry": ONCE, "read_timeout_s": 5.0}
+    options.update(settings)
+    return Upstream("svc", UpstreamSettings(base, **options))  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_requests_reuse_one_connection_and_carry_body_and_headers() -> None:
+    connections = 0
+    seen: list[tuple[bytes, bytes]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while (request := await read_request(reader)) is not None:
+            seen.append(request)
+            writer.write(reply(request[1]))
+        writer.close()
+
+    async with server(handler) as base:
+        up = Upstream(
+            "svc",
+            UpstreamSettings(base + "/api", plain_http=True, retry=ONCE),
+            headers={"Authorization": "Bearer t"},
+        )
+        for k in range(5):
+            answer = await up.send("POST", "/echo", json={"k": k}, headers={"X-Key": "s"})
+            assert orjson.loads(answer.content) == {"k": k}
+            assert answer.headers["content-type"].startswith("application/json")
+            assert answer.charset == "utf-8"
+        await up.aclose()
+    assert connections == 1
+    head = seen[0][0]
+    assert head.startswith(b"POST /api/echo HTTP/1.1\r\n")
+    for line in (b"Authorization: Bearer t", b"X-Key: s", b"Content-Type: application/json"):
+        assert line in head
+
+
+@pytest.mark.anyio
+async def test_an_idle_connection_the_server_closed_is_replaced_without_a_retry() -> None:
+    """The server answers and closes without saying so (its keep-alive ran out): the next
+    request finds the connection dead before any reply byte, so it goes on a new one, with no
+    retry spent (the policy allows one attempt)."""
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        if await read_request(reader) is not None:
+            writer.write(reply(b"{}"))
+            await writer.drain()
+        writer.close()
+
+    async with server(handler) as base:
+        up = client(base)
+        for _ in range(3):
+            assert (await up.send("POST", "/x", json={})).status_code == 200
+            await asyncio.sleep(0.05)  # the close reaches us, or is found on the next write
+        await up.aclose()
+    assert connections == 3
+
+
+@pytest.mark.anyio
+async def test_a_chunked_body_is_joined() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b'3\r\n{"a\r\n5\r\n": 1}\r\n0\r\n\r\n'
+        )
+        writer.close()
+
+    async with server(handler) as base:
+        up = client(base)
+        assert orjson.loads((await up.send("GET", "/c")).content) == {"a": 1}
+        await up.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_body_over_the_cap_is_refused() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(reply(b"x" * 5000))
+        writer.close()
+
+    async with server(handler) as base:
+        up = client(base, max_response_bytes=1000)
+        with pytest.raises(UpstreamBadResponse, match="larger than 1000 bytes"):
+            await up.send("GET", "/big")
+        await up.aclose()
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", "malformed response"),
+        (reply(b"0123456789")[:-4], "before the response was complete"),
+        (b"", "the server closed the connection"),
+    ],
+)
+@pytest.mark.anyio
+async def test_broken_replies_are_transport_failures_in_plain_words(
+    answer: bytes, words: str
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    async with server(handler) as base:
+        up = client(base)
+        with pytest.raises(UpstreamUnavailable, match=words):
+            await up.send("POST", "/x", json={})
+        await up.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_refused_connection_and_a_deadline() -> None:
+    up = client(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(UpstreamUnavailable, match="could not connect"):
+        await up.send("GET", "/x")
+    await up.aclose()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(5)
+        writer.close()
+
+    async with server(silent) as base:
+        up = client(base)
+        started = time.monotonic()
+        with pytest.raises(UpstreamUnavailable, match="timed out"):
+            await up.send("GET", "/x", deadline=time.monotonic() + 0.3)
+        assert time.monotonic() - started < 2
+        await up.aclose()
+
+
+@pytest.mark.anyio
+async def test_https_and_absolute_urls_stay_with_aiohttp() -> None:
+    """The lean client is for http:// base URLs and paths under them; anything else (here an
+    absolute URL) goes through aiohttp, which answers the same way."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader) is not None:
+            writer.write(reply(b'{"ok": true}'))
+        writer.close()
+
+    async with server(handler) as base:
+        up = client(base)
+        absolute = await up.send("GET", f"{base}/abs")
+        relative = await up.send("GET", "/rel")
+        assert absolute.content == relative.content == b'{"ok": true}'
+        await up.aclose()
+    assert client("https://127.0.0.1:1")._plain is None

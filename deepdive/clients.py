@@ -39,7 +39,6 @@ def service_client(
             read_timeout_s=timeout_s,
             max_concurrency=1024,
             max_response_bytes=64_000_000,
-            plain_http=True,  # our services and SGLang: services.plain_http, not aiohttp
             retry=RetryPolicy(max_attempts=retries + 1, base_delay_s=0.2, max_delay_s=5.0),
         )
         client = Upstream(name, settings, headers=headers, classify_error=classify_error)

@@ -12,14 +12,16 @@ none left (at most the backlog), and hand each socket to the loop's `connect_acc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import logging
 import socket
+from collections.abc import Iterator
 
 import uvicorn
 
-from services.logs import log_event
+from services.logs import flush_logs, log_event
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,16 @@ class EagerAcceptServer(uvicorn.Server):
             conn.setblocking(False)
             task = loop.create_task(loop.connect_accepted_socket(factory, conn))
             task.add_done_callback(functools.partial(_close_on_failure, conn))
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn re-raises a captured SIGTERM/SIGINT on the way out, ending the process by
+        the signal: batched log lines (services/logs.py) are written before that."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                flush_logs()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()

@@ -154,8 +154,7 @@ class AsyncCache(Generic[V]):
 
     def _count(self, hit: bool) -> None:
         if self.metrics is not None:
-            counter = self.metrics.cache_hits if hit else self.metrics.cache_misses
-            counter.labels(self.name).inc()
+            self.metrics.count_cache(self.name, hit)
 
 
 def _consume_exception(task: asyncio.Task[object]) -> None:

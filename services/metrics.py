@@ -69,6 +69,7 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._cache_children: dict[tuple[str, bool], Counter] = {}
         self.cache_hits = Counter(
             f"{prefix}_cache_hits", "Cache hits, by cache.", ["cache"], registry=self.registry
         )
@@ -82,6 +83,13 @@ class ServiceMetrics:
         """Read an upstream's counts when /metrics is scraped (nothing is done per request)."""
         self.upstream_in_flight.labels(upstream).set_function(in_flight)
         self.upstream_waiting.labels(upstream).set_function(waiting)
+
+    def count_cache(self, cache: str, hit: bool) -> None:
+        child = self._cache_children.get((cache, hit))
+        if child is None:
+            counter = self.cache_hits if hit else self.cache_misses
+            child = self._cache_children[(cache, hit)] = counter.labels(cache)
+        child.inc()
 
     def observe_request(self, operation: str, outcome: str, seconds: float) -> None:
         # the labelled children, looked up once (prometheus_client's labels() validates and

@@ -1,19 +1,22 @@
-"""A lean HTTP/1.1 client for plain-HTTP services on the cluster network: keep-alive connections
-per host, requests written as one buffer, replies parsed by httptools (llhttp, the parser
-uvicorn uses).
+"""A lean HTTP/1.1 client: keep-alive connections per host (TLS through the event loop's own
+SSL, certificates verified), requests written as one buffer, replies parsed by httptools
+(llhttp, the parser uvicorn uses).
 
 Why not aiohttp here: a rollout turn is two small requests to our own services (SGLang's
 /generate and the tool server's /tool), and aiohttp spends ~0.12-0.15 ms of CPU on each (a
 task per request body, per-request URL, header and timeout objects; profiled with py-spy in
-benchmarks/rollout_driver.py): about half of a turn's CPU. This client does what those calls
-need and nothing else: no TLS, proxies, cookies, redirects or compression (it asks for
-`identity`). `Upstream` keeps its retries, deadlines, caps and error words, and keeps aiohttp
-for every https upstream (Serper, SerpAPI, Jina, judges).
+benchmarks/rollout_driver.py): about half of a turn's CPU; on a tool-server cache miss the
+call to Serper was ~25 % of the server's CPU. This client does what `Upstream`'s calls need and
+nothing else: no proxies (aiohttp ran with trust_env off too), cookies, redirects or
+compression (it asks for `identity`; a compressed reply anyway is refused). `Upstream` keeps
+its retries, deadlines, caps and error words, and sends what this client does not take (query
+parameters, absolute URLs, a pinned TLS name: SerpAPI and the direct reader) through aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -77,7 +80,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self._waiter is not None and not self._waiter.done():
             words = (
-                "the server closed the connection before the response was complete"
+                "the connection closed before the response was complete"
                 if self._answered
                 else "the server closed the connection"
             )
@@ -99,6 +102,10 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self._overflow:
             return  # data_received fails the request
+        encoding = next((v for k, v in self._headers if k.lower() == b"content-encoding"), None)
+        if encoding is not None and encoding.strip().lower() not in (b"identity", b""):
+            self._fail(PlainHttpError("the server sent a compressed response (none was asked for)"))
+            return
         self.keep_alive = self._parser.should_keep_alive()
         headers: CIMultiDict[str] = CIMultiDict(
             (name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers
@@ -153,10 +160,12 @@ class PlainHttpPool:
 
     def __init__(self, base_url: str, headers: Mapping[str, str]) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"not a plain http:// base URL: {base_url!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s):// base URL: {base_url!r}")
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        # certificates and host names verified, as aiohttp's default context does
+        self._tls = ssl.create_default_context() if parts.scheme == "https" else None
         host_header = parts.netloc.rpartition("@")[2]
         lines = [f"Host: {host_header}", "Accept-Encoding: identity"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
@@ -198,9 +207,18 @@ class PlainHttpPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                _, protocol = await loop.create_connection(_Connection, self.host, self.port)
-        except OSError as exc:
-            raise PlainHttpError(f"could not connect ({exc.strerror or exc})") from None
+                if self._tls is None:
+                    _, protocol = await loop.create_connection(_Connection, self.host, self.port)
+                else:
+                    _, protocol = await loop.create_connection(
+                        _Connection, self.host, self.port, ssl=self._tls, server_hostname=self.host
+                    )
+        except ssl.SSLCertVerificationError:
+            raise PlainHttpError("could not connect (the TLS certificate was refused)") from None
+        except ssl.SSLError:
+            raise PlainHttpError("could not connect (the TLS handshake failed)") from None
+        except OSError:  # refused, unreachable, no such host: the words aiohttp's client gave
+            raise PlainHttpError("could not connect") from None
         return protocol
 
     async def _exchange(self, connection: _Connection, request: bytes, limit: int) -> PlainReply:

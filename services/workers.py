@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from services.exceptions import ConfigError, ServiceError
-from services.logs import log_event
+from services.logs import flush_logs, log_event
 from services.process import child_preexec
 from services.serve import bind, url_host
 
@@ -111,6 +111,7 @@ def supervise(sockets: Sequence[socket.socket], serve_one: ServeOne, title: str)
             "the other workers were stopped, since the episodes routed to it would have failed"
         )
     if supervisor.received:
+        flush_logs()
         signal.raise_signal(supervisor.received[0])  # as one uvicorn server ends: by its signal
 
 

@@ -6,7 +6,10 @@ replies, refused connections and deadlines."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import ssl
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -212,11 +215,14 @@ async def test_a_refused_connection_and_a_deadline() -> None:
 
 
 @pytest.mark.anyio
-async def test_https_and_absolute_urls_stay_with_aiohttp() -> None:
-    """The lean client is for http:// base URLs and paths under them; anything else (here an
-    absolute URL) goes through aiohttp, which answers the same way."""
+async def test_absolute_urls_and_query_parameters_stay_with_aiohttp() -> None:
+    """What the lean client does not take (an absolute URL, query parameters) goes through
+    aiohttp, which answers the same way; plain_http=False sends everything there."""
+    connections = 0
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
         while await read_request(reader) is not None:
             writer.write(reply(b'{"ok": true}'))
         writer.close()
@@ -224,7 +230,64 @@ async def test_https_and_absolute_urls_stay_with_aiohttp() -> None:
     async with server(handler) as base:
         up = client(base)
         absolute = await up.send("GET", f"{base}/abs")
+        with_params = await up.send("GET", "/q", params={"a": "1"})
         relative = await up.send("GET", "/rel")
-        assert absolute.content == relative.content == b'{"ok": true}'
+        assert absolute.content == with_params.content == relative.content == b'{"ok": true}'
         await up.aclose()
-    assert client("https://127.0.0.1:1")._plain is None
+        assert connections == 2  # one aiohttp connection, one of the lean client
+        never = client(base, plain_http=False)
+        assert never._plain is None
+        assert (await never.send("GET", "/rel")).content == b'{"ok": true}'
+        await never.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_compressed_reply_is_refused() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(reply(b"\x1f\x8b", extra=b"Content-Encoding: gzip\r\n"))
+        writer.close()
+
+    async with server(handler) as base:
+        up = client(base)
+        with pytest.raises(UpstreamUnavailable, match="compressed response"):
+            await up.send("GET", "/z")
+        await up.aclose()
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
+    """A server TLS context with a certificate no CA signed."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+@pytest.mark.anyio
+async def test_tls_certificates_are_verified(self_signed: ssl.SSLContext) -> None:
+    """An https upstream goes through the lean client too, with the certificate checked: a
+    server whose certificate no CA signed is refused in plain words."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(reply(b"{}"))
+        writer.close()
+
+    listening = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=self_signed)
+    port = listening.sockets[0].getsockname()[1]
+    up = client(f"https://127.0.0.1:{port}")
+    assert up._plain is not None
+    with pytest.raises(UpstreamUnavailable, match="TLS certificate was refused"):
+        await up.send("GET", "/x")
+    await up.aclose()
+    listening.close()
+    await listening.wait_closed()

@@ -57,6 +57,10 @@ class ObservationTokens:
         self.hits = 0
         self.misses = 0
 
+    def encode(self, text: str) -> list[int]:
+        """Ids of a text seen once (the prompt), through the fast path, not kept."""
+        return self._encode(text)
+
     def ids(self, text: str) -> tuple[int, ...]:
         cached = self._cache.get(text)
         if cached is not None:

@@ -254,9 +254,7 @@ async def generate_with_tool(
     sglang = service_client(  # looked up once per episode, not once per turn
         "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
     )
-    trajectory = Trajectory.from_prompt(
-        list(tokenizer.encode(prompt_text, add_special_tokens=False))
-    )
+    trajectory = Trajectory.from_prompt(observations.encode(prompt_text))
     if requested(sampling_params):
         trajectory.top_p = TopPSpans()
     session_id = sample.session_id or f"deepdive-{uuid.uuid4().hex}"

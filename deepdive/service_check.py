@@ -27,13 +27,12 @@ import asyncio
 import enum
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from deepdive.clients import service_client
+from deepdive.clients import PerLoop, service_client
 from deepdive.rollout_settings import arg_name
 from services.exceptions import ConfigError, ServiceError, UpstreamAuthError, UpstreamBadResponse
 from services.http import ErrorClassifier, Upstream, UpstreamReply
@@ -73,6 +72,18 @@ class OurService:
         return classify
 
 
+_CLASSIFIERS: dict[tuple[str, str], ErrorClassifier] = {}
+
+
+def _classifier(service: OurService, url: str) -> ErrorClassifier:
+    """The service's classifier for `url`, made once (it is asked for on every call)."""
+    key = (service.name, url)
+    found = _CLASSIFIERS.get(key)
+    if found is None:
+        found = _CLASSIFIERS[key] = service.classifier(url)
+    return found
+
+
 TOOL_SERVER = OurService(
     "tool_server",
     "tool server",
@@ -98,21 +109,19 @@ _Outcome = _Checked | ConfigError
 _Check = asyncio.Task[_Outcome] | _Outcome
 # Per loop: (service, URL) -> the probe in flight, or what it found (never a finished task,
 # which would hold its loop alive from inside this weak-keyed map).
-_CHECKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], _Check]] = (
-    weakref.WeakKeyDictionary()
-)
+_CHECKS: PerLoop[dict[tuple[str, str], _Check]] = PerLoop(dict)
 
 
 async def checked_client(service: OurService, url: str, timeout_s: float, retries: int) -> Upstream:
     """The shared client for `service` at `url`, once `url` is known to be ours. Raises
     `ConfigError` (naming the setting) when it is not; see the module docstring."""
-    client = service_client(service.name, url, timeout_s, retries, service.classifier(url))
-    loop = asyncio.get_running_loop()
-    checks = _CHECKS.setdefault(loop, {})
+    checks = _CHECKS.get()
     key = (service.name, url)
     state = checks.get(key)
-    if state is _Checked.OK:
+    client = service_client(service.name, url, timeout_s, retries, _classifier(service, url))
+    if state is _Checked.OK:  # the usual case, every turn
         return client
+    loop = asyncio.get_running_loop()
     if state is None:
         state = loop.create_task(_probe(service, client, url, timeout_s))
         checks[key] = state

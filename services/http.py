@@ -340,15 +340,15 @@ class Upstream:
             read = max(0.001, min(read, deadline - time.monotonic()))
         limit = self.settings.max_response_bytes
         try:
-            async with asyncio.timeout(read):
-                reply = await pool.request(
-                    method,
-                    target,
-                    body,
-                    headers,
-                    connect_timeout_s=min(read, self.settings.connect_timeout_s),
-                    limit=limit,
-                )
+            reply = await pool.request(
+                method,
+                target,
+                body,
+                headers,
+                timeout_s=read,
+                connect_timeout_s=self.settings.connect_timeout_s,
+                limit=limit,
+            )
         except ResponseTooLarge:
             raise self._too_large(limit) from None
         return UpstreamReply(reply.status, reply.headers, reply.content, reply.charset)

@@ -120,13 +120,18 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_result(reply)
 
     # the client's side
-    def send(self, request: bytes, limit: int) -> asyncio.Future[PlainReply]:
+    def send(self, request: bytes, limit: int, timeout_s: float) -> asyncio.Future[PlainReply]:
+        """Write the request; the future holds the reply, or TimeoutError after `timeout_s` (one
+        timer on the loop: asyncio.timeout's context cost more than the rest of the call)."""
         assert self.transport is not None
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
         self._headers, self._body, self._size, self._limit = [], [], 0, limit
         self._answered = self._overflow = False
+        timer = loop.call_later(timeout_s, self._fail, TimeoutError())
+        waiter.add_done_callback(lambda _: timer.cancel())
         self.transport.write(request)
-        return self._waiter
+        return waiter
 
     @property
     def answered(self) -> bool:
@@ -179,12 +184,15 @@ class PlainHttpPool:
         body: bytes,
         headers: Mapping[str, str] | None,
         *,
+        timeout_s: float,
         connect_timeout_s: float,
         limit: int,
     ) -> PlainReply:
-        """Send one request and read its reply. `target` is the path and query. Raises
-        `PlainHttpError` (transport), `ResponseTooLarge`, or TimeoutError (connect); the
-        caller bounds the whole exchange with its own timeout."""
+        """Send one request and read its reply, all within `timeout_s` (a new connection's
+        connect within `connect_timeout_s` of it). `target` is the path and query. Raises
+        `PlainHttpError` (transport), `ResponseTooLarge` or TimeoutError."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
         if headers:
             head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
@@ -194,14 +202,15 @@ class PlainHttpPool:
             if connection.closed:
                 continue
             try:
-                return await self._exchange(connection, request, limit)
+                return await self._exchange(connection, request, limit, timeout_s)
             except PlainHttpError:
                 if connection.answered:
                     raise
                 # The server had closed this idle connection before our request reached it
                 # (its keep-alive timeout): nothing was processed, so a fresh one may resend.
-        connection = await self._connect(connect_timeout_s)
-        return await self._exchange(connection, request, limit)
+        connection = await self._connect(min(connect_timeout_s, timeout_s))
+        left = max(0.001, deadline - loop.time())
+        return await self._exchange(connection, request, limit, left)
 
     async def _connect(self, timeout_s: float) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -221,9 +230,11 @@ class PlainHttpPool:
             raise PlainHttpError("could not connect") from None
         return protocol
 
-    async def _exchange(self, connection: _Connection, request: bytes, limit: int) -> PlainReply:
+    async def _exchange(
+        self, connection: _Connection, request: bytes, limit: int, timeout_s: float
+    ) -> PlainReply:
         try:
-            reply = await connection.send(request, limit)
+            reply = await connection.send(request, limit, timeout_s)
         except BaseException:
             connection.close()  # cancelled, timed out or failed mid-exchange: never reused
             raise

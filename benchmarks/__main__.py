@@ -161,7 +161,9 @@ def show_job_start(console: Console, results: dict[str, Any]) -> None:
     )
 
 
-def show_side_by_side(console: Console, tools: dict[str, Any], rollouts: dict[str, Any]) -> None:
+def show_side_by_side(
+    console: Console, tools: dict[str, Any], rewards: dict[str, Any], rollouts: dict[str, Any]
+) -> None:
     base = tools["baseline"]
     table = Table(title=f"tool server, this checkout vs {base} (side by side, pairs in turn)")
     columns = (
@@ -221,6 +223,24 @@ def show_side_by_side(console: Console, tools: dict[str, Any], rollouts: dict[st
                 f"{run['accept_queue_mean']}",
             )
     console.print(accept)
+    reward = Table(
+        title=f"reward server, rule judge, {rewards['sessions']} sessions of new answers "
+        f"(this checkout vs {base}; 10 s client timeout)"
+    )
+    for column in ("tree", "CPU ms/eval", "evals/s", "p50 ms", "p99 ms", "max ms", "timeouts"):
+        reward.add_column(column, justify="right")
+    for side in side_by_side.SIDES:
+        reward.add_row(
+            base if side == "baseline" else "now",
+            f"{rewards[f'{side}_server_cpu_ms_per_call']:.3f}",
+            f"{rewards[f'{side}_calls_per_s']:.0f}",
+            f"{rewards[f'{side}_p50_ms']:.1f}",
+            f"{rewards[f'{side}_p99_ms']:.1f}",
+            f"{rewards[f'{side}_max_ms']:.1f}",
+            f"{rewards[f'{side}_timeouts']} of {rewards[f'{side}_requests']}",
+        )
+    console.print(reward)
+    console.print(f"reward server CPU ratio: {rewards['cpu_ratio']:.2f}x")
     roll = Table(title=f"rollout CPU per turn, this checkout vs {rollouts['baseline']}")
     for column in ("episodes", f"ms/turn {base}", "ms/turn now", "ratio", "identical samples"):
         roll.add_column(column, justify="right")
@@ -256,11 +276,14 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     if args.only in (None, "side_by_side"):
         tools = side_by_side.tool_server(seconds=args.seconds)
+        rewards = side_by_side.reward_server(seconds=args.seconds)
         rollouts = side_by_side.rollout()
         (RESULTS / "side_by_side.json").write_text(
-            json.dumps({"tool_server": tools, "rollout": rollouts}, indent=2)
+            json.dumps(
+                {"tool_server": tools, "reward_server": rewards, "rollout": rollouts}, indent=2
+            )
         )
-        show_side_by_side(console, tools, rollouts)
+        show_side_by_side(console, tools, rewards, rollouts)
     if args.only in (None, "tool_server"):
         results = tool_server.run(seconds=args.seconds)
         (RESULTS / "tool_server.json").write_text(json.dumps(results, indent=2))

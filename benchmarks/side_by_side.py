@@ -229,6 +229,57 @@ def summarise(mode: str, sessions: int, pairs: list[dict[str, dict[str, Any]]]) 
     return summary
 
 
+REWARD_SESSIONS = 512
+
+
+def reward_server(seconds: int) -> dict[str, Any]:
+    """The reward server with the rule judge at REWARD_SESSIONS sessions of new answers (where
+    c98b67c starved its accepts): both trees, alone on core 0 in turn, wrk on core 1."""
+    results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "sessions": REWARD_SESSIONS}
+    trees = {"baseline": baseline_tree(), "this": ROOT}
+    with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        servers: dict[str, tuple[int, str]] = {}
+        for side, tree in trees.items():
+            port = free_port()
+            command = pinned(
+                python_module("slurm.cli", "serve", "reward", "--port", str(port)), core=0
+            )
+            base = f"http://127.0.0.1:{port}"
+            with _in(tree):
+                proc = stack.enter_context(
+                    process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
+                )
+            servers[side] = (proc.pid, base)
+        pairs = [
+            {
+                side: run_wrk(
+                    servers[side][0],
+                    f"{servers[side][1]}/evaluate",
+                    "reward-unique",
+                    REWARD_SESSIONS,
+                    seconds,
+                )
+                for side in SIDES
+            }
+            for _ in range(ROUNDS)
+        ]
+    results["pairs"] = pairs
+    results["cpu_ratio"] = statistics.median(
+        ratio(p["baseline"]["server_cpu_ms_per_call"], p["this"]["server_cpu_ms_per_call"])
+        for p in pairs
+    )
+    for side in SIDES:
+        for key in ("server_cpu_ms_per_call", "calls_per_s", "p50_ms", "p99_ms", "max_ms"):
+            results[f"{side}_{key}"] = round(
+                float(statistics.median(p[side][key] for p in pairs)), 3
+            )
+        results[f"{side}_timeouts"] = sum(p[side]["timeouts"] for p in pairs)
+        results[f"{side}_errors"] = sum(p[side]["errors"] for p in pairs)
+        results[f"{side}_requests"] = sum(p[side]["requests"] for p in pairs)
+    return results
+
+
 def rollout() -> dict[str, Any]:
     from deepdive.local.model import train_tokenizer
 

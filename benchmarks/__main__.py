@@ -200,11 +200,13 @@ def show_side_by_side(
     )
     for column in (
         "tree",
+        "think ms",
         "calls/s",
         "existing calls p50 ms",
         "new first byte p50 ms",
         "p99 ms",
         "max ms",
+        "<= 100 ms",
         "accept queue max",
         "accept queue mean",
     ):
@@ -214,11 +216,13 @@ def show_side_by_side(
             run = pair[side]
             accept.add_row(
                 base if side == "baseline" else "now",
+                str(run["think_ms"]),
                 f"{run['calls_per_s']:.0f}",
                 f"{run['existing_sessions_p50_ms']}",
                 f"{run['first_byte_p50_ms']}",
                 f"{run['first_byte_p99_ms']}",
                 f"{run['first_byte_max_ms']}",
+                f"{run['first_byte_within_100ms']:.0%}",
                 f"{run['accept_queue_max']}",
                 f"{run['accept_queue_mean']}",
             )

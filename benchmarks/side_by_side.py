@@ -37,6 +37,9 @@ from benchmarks.tool_server import UPSTREAM_LATENCY_S, tool_server_command, writ
 
 SESSIONS = (64, 256)
 ACCEPT_SESSIONS = 1024
+# back to back (one saturated core), and thinking 0.5 s between calls as agents do while their
+# next turn generates
+ACCEPT_THINK_MS = (0, 500)
 ROUNDS = 2
 ROLLOUT_SAMPLES = (64, 256)
 ROLLOUT_TURNS = 16
@@ -121,8 +124,9 @@ def listen_queue(port: int) -> int | None:
     return int(out[1]) if len(out) > 1 and out[1].isdigit() else None
 
 
-def accept_run(pid: int, base: str, seconds: int) -> dict[str, Any]:
-    """wrk holds ACCEPT_SESSIONS sessions of mixed load; meanwhile waves of new sessions arrive
+def accept_run(pid: int, base: str, seconds: int, think_ms: int = 0) -> dict[str, Any]:
+    """wrk holds ACCEPT_SESSIONS sessions of mixed load (each waiting `think_ms` between its
+    calls, as an agent generating its next turn does); meanwhile waves of new sessions arrive
     (32 every 0.25 s) and the accept queue is sampled every 0.25 s."""
     probe = subprocess.Popen(
         pinned(
@@ -145,7 +149,7 @@ def accept_run(pid: int, base: str, seconds: int) -> dict[str, Any]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        run = run_wrk(pid, f"{base}/tool", "tool-mixed", ACCEPT_SESSIONS, seconds)
+        run = run_wrk(pid, f"{base}/tool", "tool-mixed", ACCEPT_SESSIONS, seconds, think_ms)
     finally:
         sampler_done.set()
         sampler.join()
@@ -153,6 +157,7 @@ def accept_run(pid: int, base: str, seconds: int) -> dict[str, Any]:
     times = sorted(orjson.loads(out.strip().splitlines()[-1])["first_byte_ms"])
     finite = [t for t in times if t != float("inf")]
     return {
+        "think_ms": think_ms,
         "calls_per_s": run["calls_per_s"],
         "existing_sessions_p50_ms": round(run["p50_ms"], 1),
         "probes": len(times),
@@ -160,6 +165,7 @@ def accept_run(pid: int, base: str, seconds: int) -> dict[str, Any]:
         "first_byte_p50_ms": round(statistics.median(finite), 1) if finite else None,
         "first_byte_p99_ms": round(finite[int(0.99 * (len(finite) - 1))], 1) if finite else None,
         "first_byte_max_ms": round(finite[-1], 1) if finite else None,
+        "first_byte_within_100ms": round(sum(t <= 100 for t in finite) / max(1, len(times)), 3),
         "accept_queue_max": max(depths) if depths else None,
         "accept_queue_mean": round(statistics.mean(depths), 1) if depths else None,
     }
@@ -193,10 +199,11 @@ def tool_server(seconds: int) -> dict[str, Any]:
                         load_pair(servers, upstream, mode, sessions, seconds) for _ in range(ROUNDS)
                     ]
                     results["loads"].append(summarise(mode, sessions, pairs))
-            for _ in range(ROUNDS):
-                results["accept"].append(
-                    {side: accept_run(*servers[side], seconds + 3) for side in SIDES}
-                )
+            for think_ms in ACCEPT_THINK_MS:
+                for _ in range(ROUNDS):
+                    results["accept"].append(
+                        {side: accept_run(*servers[side], seconds + 3, think_ms) for side in SIDES}
+                    )
     return results
 
 

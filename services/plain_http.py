@@ -193,6 +193,10 @@ class PlainHttpPool:
         `PlainHttpError` (transport), `ResponseTooLarge` or TimeoutError."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+
+        def left() -> float:
+            return max(0.001, deadline - loop.time())
+
         head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
         if headers:
             head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
@@ -202,15 +206,14 @@ class PlainHttpPool:
             if connection.closed:
                 continue
             try:
-                return await self._exchange(connection, request, limit, timeout_s)
+                return await self._exchange(connection, request, limit, left())
             except PlainHttpError:
                 if connection.answered:
                     raise
                 # The server had closed this idle connection before our request reached it
                 # (its keep-alive timeout): nothing was processed, so a fresh one may resend.
-        connection = await self._connect(min(connect_timeout_s, timeout_s))
-        left = max(0.001, deadline - loop.time())
-        return await self._exchange(connection, request, limit, left)
+        connection = await self._connect(min(connect_timeout_s, left()))
+        return await self._exchange(connection, request, limit, left())
 
     async def _connect(self, timeout_s: float) -> _Connection:
         loop = asyncio.get_running_loop()

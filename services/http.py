@@ -178,7 +178,7 @@ class Upstream:
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self.in_flight = 0
         self.waiting = 0
-        self._paths: dict[str, URL] = {}  # each path under base_url parsed once
+        self._paths: dict[str, URL] = {}  # each path under base_url parsed once (both clients)
         # Without a deadline every attempt has the same timeout: built once, not per call.
         self._timeout = aiohttp.ClientTimeout(
             connect=min(settings.read_timeout_s, settings.connect_timeout_s),
@@ -186,7 +186,6 @@ class Upstream:
         )
         self._session: aiohttp.ClientSession | None = None
         self._plain: PlainHttpPool | None = None
-        self._targets: dict[str, str] = {}  # path under base_url -> request target
         if settings.plain_http and self._base.startswith(("http://", "https://")):
             try:
                 self._plain = PlainHttpPool(self._base, self._headers)
@@ -325,27 +324,17 @@ class Upstream:
     ) -> UpstreamReply:
         """One attempt through the lean client: the whole exchange within the read timeout
         (or what is left of the deadline), the body within the response cap."""
-        headers = kwargs.get("headers")
-        if "json" in kwargs:
-            body = orjson.dumps(kwargs["json"])
-            headers = {**(headers or {}), "Content-Type": "application/json"}
-        else:
-            body = kwargs.get("content") or b""
-        target = self._targets.get(path)
-        if target is None:
-            parts = URL(self.url(path))
-            target = self._targets[path] = parts.raw_path_qs
-        read = self.settings.read_timeout_s
-        if deadline is not None:
-            read = max(0.001, min(read, deadline - time.monotonic()))
+        body, headers = _encoded_body(kwargs)
+        target = self._request_url(path)
+        assert isinstance(target, URL)  # _plain_call: a path under base_url
         limit = self.settings.max_response_bytes
         try:
             reply = await pool.request(
                 method,
-                target,
-                body,
+                target.raw_path_qs,
+                body or b"",
                 headers,
-                timeout_s=read,
+                timeout_s=self._read_budget(deadline),
                 connect_timeout_s=self.settings.connect_timeout_s,
                 limit=limit,
             )
@@ -353,23 +342,27 @@ class Upstream:
             raise self._too_large(limit) from None
         return UpstreamReply(reply.status, reply.headers, reply.content, reply.charset)
 
+    def _read_budget(self, deadline: float | None) -> float:
+        """Seconds one attempt may take: the read timeout, or less where the deadline is nearer."""
+        read = self.settings.read_timeout_s
+        if deadline is None:
+            return read
+        return max(0.001, min(read, deadline - time.monotonic()))
+
     def _attempt_timeout(self, deadline: float | None) -> aiohttp.ClientTimeout:
         if deadline is None:
             return self._timeout
         # The attempt ends by the deadline: one total timer, which also bounds every read.
-        read = max(0.001, min(self.settings.read_timeout_s, deadline - time.monotonic()))
+        read = self._read_budget(deadline)
         return aiohttp.ClientTimeout(total=read, connect=min(read, self.settings.connect_timeout_s))
 
     async def _attempt(
         self, method: str, url: str | URL, deadline: float | None, kwargs: dict[str, Any]
     ) -> UpstreamReply:
-        options = dict(kwargs)
-        headers = options.pop("headers", None)
-        if "json" in options:
-            options["data"] = orjson.dumps(options.pop("json"))
-            headers = {**(headers or {}), "Content-Type": "application/json"}
-        if "content" in options:
-            options["data"] = options.pop("content")
+        body, headers = _encoded_body(kwargs)
+        options = {key: value for key, value in kwargs.items() if key not in _BODY_KWARGS}
+        if body is not None:
+            options["data"] = body
         sni = options.pop("sni_hostname", None)
         if sni:
             options["server_hostname"] = sni
@@ -427,13 +420,22 @@ class Upstream:
             self.metrics.upstream_errors.labels(self.name, kind).inc()
 
 
+_BODY_KWARGS = frozenset({"json", "content", "headers"})
+
+
+def _encoded_body(kwargs: dict[str, Any]) -> tuple[bytes | None, dict[str, str] | None]:
+    """The request's body as bytes (`json` through orjson, or `content` as given) and its headers
+    (`json` adds its Content-Type), for either client."""
+    headers = kwargs.get("headers")
+    if "json" in kwargs:
+        return orjson.dumps(kwargs["json"]), {**(headers or {}), "Content-Type": "application/json"}
+    return kwargs.get("content"), headers
+
+
 def _plain_call(url: str, kwargs: dict[str, Any]) -> bool:
     """Whether the lean client can make this call: a path under base_url, a JSON or bytes body,
     headers; anything else (an absolute URL, query parameters, a pinned TLS name) is aiohttp's."""
-    return not url.startswith(("http://", "https://")) and kwargs.keys() <= _PLAIN_KWARGS
-
-
-_PLAIN_KWARGS = frozenset({"json", "content", "headers"})
+    return not url.startswith(("http://", "https://")) and kwargs.keys() <= _BODY_KWARGS
 
 
 def _detail(error: UpstreamError) -> str:

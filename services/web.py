@@ -64,8 +64,14 @@ def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
+def request_error(error: RequestError) -> tuple[int, Any]:
+    """A malformed request's answer as (status, JSON content): the 4xx naming what is wrong."""
+    return error.status_code, error_body(error.code, error.message)
+
+
 def request_error_response(error: RequestError) -> Response:
-    return json_response(error_body(error.code, error.message), status_code=error.status_code)
+    status, content = request_error(error)
+    return json_response(content, status_code=status)
 
 
 class ClientDisconnected(RequestError):

@@ -18,7 +18,7 @@ from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluation, Evaluator
 from services.reward_server.models import parse_evaluation_request
-from services.web import error_body, read_json, service_app
+from services.web import read_json, request_error, service_app
 
 logger = logging.getLogger("deepdive.reward_server")
 
@@ -35,7 +35,7 @@ def create_app(
             item = parse_evaluation_request(await read_json(scope, receive, config.max_body_bytes))
         except RequestError as error:
             metrics.observe_request("evaluate", error.code, time.perf_counter() - started)
-            return error.status_code, error_body(error.code, error.message)
+            return request_error(error)
         evaluation = await evaluator.evaluate(item)
         _record(metrics, "evaluate", evaluation, started)
         return 200, evaluation.as_json()
@@ -59,7 +59,7 @@ def create_app(
             ]
         except RequestError as error:
             metrics.observe_request("evaluate_batch", error.code, time.perf_counter() - started)
-            return error.status_code, error_body(error.code, error.message)
+            return request_error(error)
         results: list[dict[str, Any]] = [{} for _ in items]
 
         async def run(index: int) -> None:

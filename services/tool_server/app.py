@@ -19,7 +19,7 @@ from services.logs import log_event, redact
 from services.metrics import ServiceMetrics
 from services.tool_server.models import parse_tool_request
 from services.tool_server.tools import ToolExecutor
-from services.web import error_body, read_json, service_app
+from services.web import error_body, read_json, request_error, service_app
 
 logger = logging.getLogger("deepdive.tool_server")
 
@@ -37,7 +37,7 @@ def create_app(
             call = parse_tool_request(await read_json(scope, receive, max_body))
         except RequestError as error:
             _record(metrics, name, error.code, started, session=None, cache=None)
-            return error.status_code, error_body(error.code, error.message)
+            return request_error(error)
         name = call.name if call.name in executor.tool_names else "unknown"  # bounded labels
         try:
             outcome = await executor.call(call)

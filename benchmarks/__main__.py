@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,12 @@ from benchmarks import (
 )
 
 RESULTS = Path(__file__).with_name("results")
+
+
+def right_aligned(table: Table, columns: Iterable[str]) -> None:
+    """The table's columns, numbers all, aligned right."""
+    for column in columns:
+        table.add_column(column, justify="right")
 
 
 def show_tool_server(console: Console, results: dict[str, Any]) -> None:
@@ -41,8 +48,7 @@ def show_tool_server(console: Console, results: dict[str, Any]) -> None:
         "errors",
         "timeouts",
     )
-    for column in columns:
-        table.add_column(column, justify="right")
+    right_aligned(table, columns)
     for run in results["runs"]:
         table.add_row(
             run["mode"],
@@ -89,8 +95,7 @@ def show_reward_server(console: Console, results: dict[str, Any]) -> None:
         "added p99",
         "errors",
     )
-    for column in columns:
-        table.add_column(column, justify="right")
+    right_aligned(table, columns)
     for run in results["runs"]:
         table.add_row(
             run["judge"],
@@ -123,8 +128,7 @@ def show_local_training(console: Console, results: dict[str, Any]) -> None:
         "warm start s",
         "wall s",
     )
-    for column in columns:
-        table.add_column(column, justify="right")
+    right_aligned(table, columns)
     for run in results["runs"]:
         table.add_row(
             str(run["seed"]),
@@ -149,8 +153,7 @@ def show_local_training(console: Console, results: dict[str, Any]) -> None:
 
 def show_job_start(console: Console, results: dict[str, Any]) -> None:
     table = Table(title="job start -> training started, 2-node local Slurm (medians of 3 jobs)")
-    for column in ("phase", "seconds", "ended at s (job clock)"):
-        table.add_column(column, justify="right")
+    right_aligned(table, ("phase", "seconds", "ended at s (job clock)"))
     for name, row in results["median_phases"].items():
         table.add_row(name, f"{row['seconds']:.2f}", f"{row['ended_at_s']:.2f}")
     console.print(table)
@@ -178,8 +181,7 @@ def show_side_by_side(
         "added p50/p99 now",
         "errors then/now",
     )
-    for column in columns:
-        table.add_column(column, justify="right")
+    right_aligned(table, columns)
     for row in tools["loads"]:
         table.add_row(
             row["mode"],
@@ -198,19 +200,21 @@ def show_side_by_side(
         title=f"new sessions at {side_by_side.ACCEPT_SESSIONS} busy sessions (mixed load): "
         "connect -> first byte of the first call, and the kernel's accept queue"
     )
-    for column in (
-        "tree",
-        "think ms",
-        "calls/s",
-        "existing calls p50 ms",
-        "new first byte p50 ms",
-        "p99 ms",
-        "max ms",
-        "<= 100 ms",
-        "accept queue max",
-        "accept queue mean",
-    ):
-        accept.add_column(column, justify="right")
+    right_aligned(
+        accept,
+        (
+            "tree",
+            "think ms",
+            "calls/s",
+            "existing calls p50 ms",
+            "new first byte p50 ms",
+            "p99 ms",
+            "max ms",
+            "<= 100 ms",
+            "accept queue max",
+            "accept queue mean",
+        ),
+    )
     for pair in tools["accept"]:
         for side in side_by_side.SIDES:
             run = pair[side]
@@ -231,8 +235,9 @@ def show_side_by_side(
         title=f"reward server, rule judge, {rewards['sessions']} sessions of new answers "
         f"(this checkout vs {base}; 10 s client timeout)"
     )
-    for column in ("tree", "CPU ms/eval", "evals/s", "p50 ms", "p99 ms", "max ms", "timeouts"):
-        reward.add_column(column, justify="right")
+    right_aligned(
+        reward, ("tree", "CPU ms/eval", "evals/s", "p50 ms", "p99 ms", "max ms", "timeouts")
+    )
     for side in side_by_side.SIDES:
         reward.add_row(
             base if side == "baseline" else "now",
@@ -246,8 +251,9 @@ def show_side_by_side(
     console.print(reward)
     console.print(f"reward server CPU ratio: {rewards['cpu_ratio']:.2f}x")
     roll = Table(title=f"rollout CPU per turn, this checkout vs {rollouts['baseline']}")
-    for column in ("episodes", f"ms/turn {base}", "ms/turn now", "ratio", "identical samples"):
-        roll.add_column(column, justify="right")
+    right_aligned(
+        roll, ("episodes", f"ms/turn {base}", "ms/turn now", "ratio", "identical samples")
+    )
     for run in rollouts["runs"]:
         roll.add_row(
             str(run["samples"]),

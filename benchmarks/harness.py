@@ -84,6 +84,12 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def add_latency_over(result: dict[str, Any], upstream_s: float) -> None:
+    """What the server adds to a call over its upstream's fixed latency, at p50 and p99."""
+    result["added_p50_ms"] = round(result["p50_ms"] - upstream_s * 1000, 2)
+    result["added_p99_ms"] = round(result["p99_ms"] - upstream_s * 1000, 2)
+
+
 def run_wrk(
     server_pid: int, url: str, kind: str, sessions: int, seconds: int, think_ms: int = 0
 ) -> dict[str, Any]:

@@ -14,7 +14,14 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import free_port, pinned, process, python_module, run_wrk
+from benchmarks.harness import (
+    add_latency_over,
+    free_port,
+    pinned,
+    process,
+    python_module,
+    run_wrk,
+)
 
 JUDGE_LATENCY_S = 0.1
 BOUND = 16
@@ -97,6 +104,5 @@ def run(seconds: int = 8) -> dict[str, Any]:
                         results["runs"].append({**run_, "judge": f"openai, bound {bound}"})
         for entry in results["runs"]:
             if entry["judge"].startswith("openai,"):
-                entry["added_p50_ms"] = round(entry["p50_ms"] - JUDGE_LATENCY_S * 1000, 2)
-                entry["added_p99_ms"] = round(entry["p99_ms"] - JUDGE_LATENCY_S * 1000, 2)
+                add_latency_over(entry, JUDGE_LATENCY_S)
         return results

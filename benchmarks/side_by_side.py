@@ -15,6 +15,7 @@ the two trees produce identical samples (tokens, masks, log-probs, text, status)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -32,8 +32,14 @@ import httpx
 import orjson
 
 from benchmarks.baseline import BASELINE_COMMIT, ROOT, baseline_tree
-from benchmarks.harness import free_port, pinned, process, python_module, run_wrk
-from benchmarks.tool_server import UPSTREAM_LATENCY_S, tool_server_command, write_corpus
+from benchmarks.harness import add_latency_over, free_port, pinned, process, python_module, run_wrk
+from benchmarks.reward_server import reward_server as reward_server_command
+from benchmarks.tool_server import (
+    UPSTREAM_LATENCY_S,
+    run_load,
+    tool_server_command,
+    write_corpus,
+)
 
 SESSIONS = (64, 256)
 ACCEPT_SESSIONS = 1024
@@ -70,7 +76,7 @@ def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str
                 core=0,
             )
             base = f"http://127.0.0.1:{port}"
-            with _in(tree):
+            with contextlib.chdir(tree):
                 proc = stack.enter_context(
                     process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
                 )
@@ -87,28 +93,14 @@ def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str
         yield servers
 
 
-@contextmanager
-def _in(directory: Path) -> Iterator[None]:
-    before = Path.cwd()
-    os.chdir(directory)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
 def load_pair(
     servers: dict[str, tuple[int, str]], upstream: str, mode: str, sessions: int, seconds: int
 ) -> dict[str, dict[str, Any]]:
     pair = {}
     for side in SIDES:
         pid, base = servers[side]
-        before = httpx.get(f"{upstream}/stats").json()["calls"]
-        run = run_wrk(pid, f"{base}/tool", f"tool-{mode}", sessions, seconds)
-        time.sleep(1)  # calls still in flight reach the upstream before counting
-        run["upstream_calls"] = httpx.get(f"{upstream}/stats").json()["calls"] - before
-        run["added_p50_ms"] = round(run["p50_ms"] - UPSTREAM_LATENCY_S * 1000, 2)
-        run["added_p99_ms"] = round(run["p99_ms"] - UPSTREAM_LATENCY_S * 1000, 2)
+        run = run_load(pid, base, upstream, mode, sessions, seconds)
+        add_latency_over(run, UPSTREAM_LATENCY_S)
         pair[side] = run
     return pair
 
@@ -249,11 +241,9 @@ def reward_server(seconds: int) -> dict[str, Any]:
         servers: dict[str, tuple[int, str]] = {}
         for side, tree in trees.items():
             port = free_port()
-            command = pinned(
-                python_module("slurm.cli", "serve", "reward", "--port", str(port)), core=0
-            )
+            command = reward_server_command(port)
             base = f"http://127.0.0.1:{port}"
-            with _in(tree):
+            with contextlib.chdir(tree):
                 proc = stack.enter_context(
                     process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
                 )

@@ -18,7 +18,14 @@ from typing import Any
 import httpx
 import orjson
 
-from benchmarks.harness import free_port, pinned, process, python_module, run_wrk
+from benchmarks.harness import (
+    add_latency_over,
+    free_port,
+    pinned,
+    process,
+    python_module,
+    run_wrk,
+)
 
 UPSTREAM_LATENCY_S = 0.05
 SESSIONS = (64, 256, 1024)
@@ -214,10 +221,5 @@ def run(seconds: int = 8) -> dict[str, Any]:
         )
         for run_result in results["runs"]:
             if run_result["mode"].startswith("tool-miss"):
-                run_result["added_p50_ms"] = round(
-                    run_result["p50_ms"] - UPSTREAM_LATENCY_S * 1000, 2
-                )
-                run_result["added_p99_ms"] = round(
-                    run_result["p99_ms"] - UPSTREAM_LATENCY_S * 1000, 2
-                )
+                add_latency_over(run_result, UPSTREAM_LATENCY_S)
         return results

@@ -18,6 +18,7 @@ from slurm.ports import (
     candidate_blocks,
     first_block,
     plan_node_ports,
+    taken,
 )
 
 
@@ -68,13 +69,23 @@ def test_the_plan_is_a_function_of_the_job_id() -> None:
     assert first_block("4242_3", 2) == first_block("42423", 2)  # an array task's id: its digits
 
 
+def job_with_a_free_block(num_nodes: int) -> str:
+    """A job id whose node 0 block nothing on this host holds: CI shares the host with the
+    other tests' Ray clusters and services, so a fixed id's block may be busy already."""
+    for job in range(31337, 31337 + 200):
+        if not taken(next(candidate_blocks(str(job), 0, num_nodes))):
+            return str(job)
+    raise AssertionError("no job id with a free first block on this host")
+
+
 def test_a_taken_port_moves_the_node_to_the_next_free_block() -> None:
-    planned = next(candidate_blocks("31337", 0, 2))
+    job = job_with_a_free_block(2)
+    planned = next(candidate_blocks(job, 0, 2))
     holder = socket.socket()
     holder.bind(("127.0.0.1", planned.tools))
     holder.listen()
     try:
-        chosen, notes = plan_node_ports("31337", 0, 2)
+        chosen, notes = plan_node_ports(job, 0, 2)
     finally:
         holder.close()
     assert chosen != planned and not ports_of(chosen) & ports_of(planned)
@@ -113,12 +124,34 @@ def test_the_tool_server_has_a_range_of_ports_one_per_worker() -> None:
 
 
 def test_a_taken_tool_worker_port_moves_the_node_too() -> None:
-    planned = next(candidate_blocks("4711", 0, 1))
+    job = job_with_a_free_block(1)
+    planned = next(candidate_blocks(job, 0, 1))
     holder = socket.socket()
     holder.bind(("127.0.0.1", planned.tools + TOOL_PORTS - 1))
     holder.listen()
     try:
-        chosen, notes = plan_node_ports("4711", 0, 1)
+        chosen, notes = plan_node_ports(job, 0, 1)
     finally:
         holder.close()
     assert chosen != planned and notes and "tools_worker" in notes[0]
+
+
+def test_a_port_left_in_time_wait_is_free_to_plan() -> None:
+    """A requeued job's block, its connections closed a moment ago, is taken again, not skipped:
+    the servers bind with SO_REUSEADDR, so TIME_WAIT does not stop them."""
+    job = job_with_a_free_block(1)
+    planned = next(candidate_blocks(job, 0, 1))
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", planned.reward))
+    server.listen()
+    client = socket.create_connection(("127.0.0.1", planned.reward))
+    accepted, _ = server.accept()
+    server.close()
+    accepted.close()  # the side that closes first keeps the port in TIME_WAIT
+    client.recv(1)
+    client.close()
+    with socket.socket() as plain, pytest.raises(OSError):  # what the old probe read as taken
+        plain.bind(("0.0.0.0", planned.reward))
+    chosen, notes = plan_node_ports(job, 0, 1)
+    assert (chosen, notes) == (planned, [])

@@ -14,6 +14,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from services.heap import GcCollector
+
 disable_created_metrics()  # type: ignore[no-untyped-call]  # the *_created series double the output and nobody reads them
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -76,6 +78,7 @@ class ServiceMetrics:
         self.cache_misses = Counter(
             f"{prefix}_cache_misses", "Cache misses, by cache.", ["cache"], registry=self.registry
         )
+        self.registry.register(GcCollector(prefix))
 
     def watch_upstream(
         self, upstream: str, in_flight: Callable[[], float], waiting: Callable[[], float]

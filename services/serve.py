@@ -20,6 +20,7 @@ from starlette.types import ASGIApp
 from services.accepting import EagerAcceptServer
 from services.connections import ConnectionLimits, ensure_fd_limit, protocol_class
 from services.exceptions import ConfigError
+from services.heap import settle_heap
 from services.logs import configure_logging
 from services.secrets import TOKEN_ENV, apply_env_file, read_secret
 
@@ -181,6 +182,7 @@ def serve(
     )
     if on_listening is not None:
         on_listening(host, port)
+    settle_heap()  # this process is the service from here on (services/heap.py: why)
     EagerAcceptServer(config).run(sockets=[sock])
 
 

@@ -21,6 +21,7 @@ Workers die with the supervisor, even when it is killed (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -135,6 +136,8 @@ class _Supervisor:
     def start(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()  # a fork copies unwritten buffers: their lines would be written twice
+        gc.freeze()  # the corpus and the code, shared by every worker: the collector of one
+        # never writes to (and so never copies) their pages; each worker settles its own heap
         for worker in self.workers:
             worker.start()
             assert worker.pid is not None

@@ -213,6 +213,7 @@ def show_side_by_side(
             "<= 100 ms",
             "accept queue max",
             "accept queue mean",
+            "server RSS MiB",
         ),
     )
     for pair in tools["accept"]:
@@ -229,6 +230,7 @@ def show_side_by_side(
                 f"{run['first_byte_within_100ms']:.0%}",
                 f"{run['accept_queue_max']}",
                 f"{run['accept_queue_mean']}",
+                f"{run['server_rss_mb']}",
             )
     console.print(accept)
     reward = Table(

@@ -84,6 +84,14 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory now, in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmRSS")
+
+
 def add_latency_over(result: dict[str, Any], upstream_s: float) -> None:
     """What the server adds to a call over its upstream's fixed latency, at p50 and p99."""
     result["added_p50_ms"] = round(result["p50_ms"] - upstream_s * 1000, 2)

@@ -32,7 +32,15 @@ import httpx
 import orjson
 
 from benchmarks.baseline import BASELINE_COMMIT, ROOT, baseline_tree
-from benchmarks.harness import add_latency_over, free_port, pinned, process, python_module, run_wrk
+from benchmarks.harness import (
+    add_latency_over,
+    free_port,
+    pinned,
+    process,
+    python_module,
+    rss_mb,
+    run_wrk,
+)
 from benchmarks.reward_server import reward_server as reward_server_command
 from benchmarks.tool_server import (
     UPSTREAM_LATENCY_S,
@@ -160,6 +168,7 @@ def accept_run(pid: int, base: str, seconds: int, think_ms: int = 0) -> dict[str
         "first_byte_within_100ms": round(sum(t <= 100 for t in finite) / max(1, len(times)), 3),
         "accept_queue_max": max(depths) if depths else None,
         "accept_queue_mean": round(statistics.mean(depths), 1) if depths else None,
+        "server_rss_mb": round(rss_mb(pid)),  # what the GC settings cost (services/heap.py)
     }
 
 

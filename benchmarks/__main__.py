@@ -197,13 +197,15 @@ def show_side_by_side(
         )
     console.print(table)
     accept = Table(
-        title=f"new sessions at {side_by_side.ACCEPT_SESSIONS} busy sessions (mixed load): "
+        title=f"new sessions at {side_by_side.ACCEPT_SESSIONS} busy sessions (mixed load), and at "
+        f"the busiest worker's share of them on {side_by_side.NODE_WORKERS} workers: "
         "connect -> first byte of the first call, and the kernel's accept queue"
     )
     right_aligned(
         accept,
         (
             "tree",
+            "sessions",
             "think ms",
             "calls/s",
             "existing calls p50 ms",
@@ -221,6 +223,7 @@ def show_side_by_side(
             run = pair[side]
             accept.add_row(
                 base if side == "baseline" else "now",
+                str(run.get("sessions", side_by_side.ACCEPT_SESSIONS)),
                 str(run["think_ms"]),
                 f"{run['calls_per_s']:.0f}",
                 f"{run['existing_sessions_p50_ms']}",

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -48,12 +49,17 @@ from benchmarks.tool_server import (
     tool_server_command,
     write_corpus,
 )
+from deepdive.routing import worker_index
 
 SESSIONS = (64, 256)
 ACCEPT_SESSIONS = 1024
 # back to back (one saturated core), and thinking 0.5 s between calls as agents do while their
 # next turn generates
 ACCEPT_THINK_MS = (0, 500)
+# ... and at one worker's share of them on a node of NODE_WORKERS workers: the busiest worker's
+# sessions when ACCEPT_SESSIONS episodes in GRPO groups of GROUP are routed by their prompts
+NODE_WORKERS = 8
+GROUP = 8
 ROUNDS = 2
 ROLLOUT_SAMPLES = (64, 256)
 ROLLOUT_TURNS = 16
@@ -124,10 +130,25 @@ def listen_queue(port: int) -> int | None:
     return int(out[1]) if len(out) > 1 and out[1].isdigit() else None
 
 
-def accept_run(pid: int, base: str, seconds: int, think_ms: int = 0) -> dict[str, Any]:
-    """wrk holds ACCEPT_SESSIONS sessions of mixed load (each waiting `think_ms` between its
-    calls, as an agent generating its next turn does); meanwhile waves of new sessions arrive
-    (32 every 0.25 s) and the accept queue is sampled every 0.25 s."""
+def busiest_worker_share(sessions: int, group: int, workers: int, batches: int = 200) -> int:
+    """The sessions the busiest of `workers` tool-server workers holds (the 90th percentile
+    over `batches` batches of made-up prompts), routed as the rollout routes them."""
+    busiest = []
+    for batch in range(batches):
+        counts = Counter(
+            worker_index(f"prompt {batch}-{k}: who built the orrery?", workers)
+            for k in range(sessions // group)
+        )
+        busiest.append(max(counts.values()) * group)
+    return sorted(busiest)[int(0.9 * (batches - 1))]
+
+
+def accept_run(
+    pid: int, base: str, seconds: int, think_ms: int = 0, sessions: int = ACCEPT_SESSIONS
+) -> dict[str, Any]:
+    """wrk holds `sessions` sessions of mixed load (each waiting `think_ms` between its calls,
+    as an agent generating its next turn does); meanwhile waves of new sessions arrive (32
+    every 0.25 s) and the accept queue is sampled every 0.25 s."""
     probe = subprocess.Popen(
         pinned(
             python_module("benchmarks.accept_probe", base, str(seconds - 3), "32", "0.25"), core=1
@@ -149,7 +170,7 @@ def accept_run(pid: int, base: str, seconds: int, think_ms: int = 0) -> dict[str
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        run = run_wrk(pid, f"{base}/tool", "tool-mixed", ACCEPT_SESSIONS, seconds, think_ms)
+        run = run_wrk(pid, f"{base}/tool", "tool-mixed", sessions, seconds, think_ms)
     finally:
         sampler_done.set()
         sampler.join()
@@ -157,6 +178,7 @@ def accept_run(pid: int, base: str, seconds: int, think_ms: int = 0) -> dict[str
     times = sorted(orjson.loads(out.strip().splitlines()[-1])["first_byte_ms"])
     finite = [t for t in times if t != float("inf")]
     return {
+        "sessions": sessions,
         "think_ms": think_ms,
         "calls_per_s": run["calls_per_s"],
         "existing_sessions_p50_ms": round(run["p50_ms"], 1),
@@ -200,11 +222,16 @@ def tool_server(seconds: int) -> dict[str, Any]:
                         load_pair(servers, upstream, mode, sessions, seconds) for _ in range(ROUNDS)
                     ]
                     results["loads"].append(summarise(mode, sessions, pairs))
-            for think_ms in ACCEPT_THINK_MS:
-                for _ in range(ROUNDS):
-                    results["accept"].append(
-                        {side: accept_run(*servers[side], seconds + 3, think_ms) for side in SIDES}
-                    )
+            share = busiest_worker_share(ACCEPT_SESSIONS, GROUP, NODE_WORKERS)
+            for sessions in (ACCEPT_SESSIONS, share):
+                for think_ms in ACCEPT_THINK_MS:
+                    for _ in range(ROUNDS):
+                        results["accept"].append(
+                            {
+                                side: accept_run(*servers[side], seconds + 3, think_ms, sessions)
+                                for side in SIDES
+                            }
+                        )
     return results
 
 

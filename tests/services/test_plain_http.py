@@ -20,6 +20,7 @@ import pytest
 
 from services.exceptions import UpstreamBadResponse, UpstreamUnavailable
 from services.http import RetryPolicy, Upstream, UpstreamSettings
+from services.plain_http import PlainHttpError, _Connection
 
 
 def free_port() -> int:
@@ -170,6 +171,25 @@ async def test_a_connection_the_server_closes_is_freed_at_once_not_by_the_collec
             gc.garbage.clear()
         await up.aclose()
     assert ours == []
+
+
+@pytest.mark.anyio
+async def test_a_request_on_a_connection_already_lost_fails_as_a_closed_connection() -> None:
+    """The pool never hands out a closed connection, but should one be lost just before its
+    request, the request fails as the server's close does (unanswered: safe to resend)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    async with server(handler) as base:
+        port = int(base.rsplit(":", 1)[1])
+        loop = asyncio.get_running_loop()
+        transport, connection = await loop.create_connection(_Connection, "127.0.0.1", port)
+        transport.close()
+        await asyncio.sleep(0.01)  # connection_lost has run
+        with pytest.raises(PlainHttpError, match="closed the connection"):
+            await connection.send(b"GET / HTTP/1.1\r\n\r\n", 1000, 1.0)
+        assert not connection.answered
 
 
 @pytest.mark.anyio

@@ -113,14 +113,15 @@ def candidate_blocks(job_id: str, node: int, num_nodes: int) -> Iterator[NodePor
 def taken(ports: NodePorts) -> list[tuple[str, int]]:
     """The ports of the block some process already listens on (or holds) on this host.
 
-    The probe binds as our servers, Ray's gRPC and its dashboard do, with SO_REUSEADDR: a port
-    whose last connections linger in TIME_WAIT (a requeued job's own block, a minute after the
-    old one stopped) is one they can bind, so it is free; a listener or a plain bind is not.
+    The probe binds without SO_REUSEADDR, so a port held in any way is taken: a listener, and
+    also a socket bound with SO_REUSEADDR that does not listen yet (the tool server's
+    supervisor binds its workers' ports before they load their apps and listen; a probe with
+    SO_REUSEADDR would call those free). The price: a port whose last connections linger in
+    TIME_WAIT reads as taken too, and the node moves to its next block.
     """
     busy = []
     for name, port in ports.all_ports():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("0.0.0.0", port))  # noqa: S104 (a probe, closed at once)
             except OSError:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from services.serve import bind
 from slurm.ports import (
     BLOCK,
     HIGH,
@@ -136,22 +137,15 @@ def test_a_taken_tool_worker_port_moves_the_node_too() -> None:
     assert chosen != planned and notes and "tools_worker" in notes[0]
 
 
-def test_a_port_left_in_time_wait_is_free_to_plan() -> None:
-    """A requeued job's block, its connections closed a moment ago, is taken again, not skipped:
-    the servers bind with SO_REUSEADDR, so TIME_WAIT does not stop them."""
+def test_a_port_bound_but_not_listening_yet_is_taken() -> None:
+    """The tool server's supervisor binds every worker's port (with SO_REUSEADDR, as
+    services.serve.bind does) before the workers load their apps and listen: a second job must
+    not plan that block, or whichever server listens second fails."""
     job = job_with_a_free_block(1)
     planned = next(candidate_blocks(job, 0, 1))
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", planned.reward))
-    server.listen()
-    client = socket.create_connection(("127.0.0.1", planned.reward))
-    accepted, _ = server.accept()
-    server.close()
-    accepted.close()  # the side that closes first keeps the port in TIME_WAIT
-    client.recv(1)
-    client.close()
-    with socket.socket() as plain, pytest.raises(OSError):  # what the old probe read as taken
-        plain.bind(("0.0.0.0", planned.reward))
-    chosen, notes = plan_node_ports(job, 0, 1)
-    assert (chosen, notes) == (planned, [])
+    holder = bind("127.0.0.1", planned.tools + 1)  # bound, not listening
+    try:
+        chosen, notes = plan_node_ports(job, 0, 1)
+    finally:
+        holder.close()
+    assert chosen != planned and notes and "tools_worker" in notes[0]

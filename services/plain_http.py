@@ -62,6 +62,7 @@ class _Connection(asyncio.Protocol):
         self._size = 0
         self._limit = 0
         self._answered = False  # a byte of the reply has arrived (not safe to resend)
+        self._headers_done = False
         self._overflow = False
         self.keep_alive = True
 
@@ -82,6 +83,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._waiter is not None and not self._waiter.done() and self._ends_at_close():
+            self.on_message_complete()  # a body without a length ends with the connection
         if self._waiter is not None and not self._waiter.done():
             words = (
                 "the connection closed before the response was complete"
@@ -97,9 +100,20 @@ class _Connection(asyncio.Protocol):
         self._waiter = None
         self._headers, self._body = [], []
 
+    def _ends_at_close(self) -> bool:
+        """Whether the reply's head is in and says neither a length nor chunks: then its body
+        runs until the server closes (RFC 9112 6.3, rule 8), which httptools cannot see."""
+        if not self._headers_done:
+            return False
+        framing = {name.lower() for name, _ in self._headers}
+        return b"content-length" not in framing and b"transfer-encoding" not in framing
+
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
 
     def on_body(self, body: bytes) -> None:
         # (httptools turns an exception raised here into a parser error: flag it instead)
@@ -145,7 +159,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(PlainHttpError("the server closed the connection"))
             return waiter
         self._headers, self._body, self._size, self._limit = [], [], 0, limit
-        self._answered = self._overflow = False
+        self._answered = self._overflow = self._headers_done = False
         timer = loop.call_later(timeout_s, self._fail, TimeoutError())
         waiter.add_done_callback(lambda _: timer.cancel())
         self.transport.write(request)

@@ -193,6 +193,31 @@ async def test_a_request_on_a_connection_already_lost_fails_as_a_closed_connecti
 
 
 @pytest.mark.anyio
+async def test_a_body_that_ends_with_the_connection_is_read_whole() -> None:
+    """No Content-Length and no chunks: the body runs until the server closes (RFC 9112 6.3),
+    as HTTP/1.0-style servers and some proxies answer. A reply cut short of its stated length
+    still fails (test_broken_replies_are_transport_failures_in_plain_words)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        writer.write(b'{"until": ')
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(b'"close"}')
+        writer.close()
+
+    async with server(handler) as base:
+        up = client(base)
+        for _ in range(2):  # and the next call opens a new connection
+            assert orjson.loads((await up.send("GET", "/eof")).content) == {"until": "close"}
+        await up.aclose()
+
+
+@pytest.mark.anyio
 async def test_a_chunked_body_is_joined() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

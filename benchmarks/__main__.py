@@ -223,7 +223,7 @@ def show_side_by_side(
             run = pair[side]
             accept.add_row(
                 base if side == "baseline" else "now",
-                str(run.get("sessions", side_by_side.ACCEPT_SESSIONS)),
+                str(run["sessions"]),
                 str(run["think_ms"]),
                 f"{run['calls_per_s']:.0f}",
                 f"{run['existing_sessions_p50_ms']}",

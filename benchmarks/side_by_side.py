@@ -73,15 +73,32 @@ def tree_env(tree: Path) -> dict[str, str]:
     return env
 
 
+def tree_of(side: str) -> Path:
+    """The side's source tree: the baseline worktree (made on first use), or this checkout."""
+    return baseline_tree() if side == "baseline" else ROOT
+
+
+def start_in_tree(
+    stack: ExitStack, side: str, command: list[str], base: str, work: Path
+) -> tuple[int, str]:
+    """Start `command` (a server at `base`) from the side's tree, its modules first on the
+    path; it stops with `stack`. Returns (pid, base URL)."""
+    tree = tree_of(side)
+    with contextlib.chdir(tree):
+        proc = stack.enter_context(
+            process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
+        )
+    return proc.pid, base
+
+
 @contextmanager
 def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str]]]:
     """Both trees' tool servers, each pinned to core 0: side -> (pid, base URL)."""
     corpus = work / "corpus.jsonl"
     write_corpus(corpus)
-    trees = {"baseline": baseline_tree(), "this": ROOT}
     servers: dict[str, tuple[int, str]] = {}
     with ExitStack() as stack:
-        for side, tree in trees.items():
+        for side in SIDES:
             port = free_port()
             command = pinned(
                 tool_server_command(
@@ -90,10 +107,7 @@ def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str
                 core=0,
             )
             base = f"http://127.0.0.1:{port}"
-            with contextlib.chdir(tree):
-                proc = stack.enter_context(
-                    process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
-                )
+            servers[side] = start_in_tree(stack, side, command, base, work)
             httpx.post(  # the query the accept probe asks for: cached from here on
                 f"{base}/tool",
                 json={
@@ -103,7 +117,6 @@ def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str
                 },
                 timeout=30,
             )
-            servers[side] = (proc.pid, base)
         yield servers
 
 
@@ -235,32 +248,36 @@ def tool_server(seconds: int) -> dict[str, Any]:
     return results
 
 
-def summarise(mode: str, sessions: int, pairs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    def median(side: str, key: str) -> float:
-        return round(float(statistics.median(p[side][key] for p in pairs)), 3)
-
-    cpu_ratios = [
+def cpu_ratios(pairs: list[dict[str, dict[str, Any]]]) -> list[float]:
+    """How many times less server CPU per call this tree took than the baseline, pair by pair."""
+    return [
         ratio(p["baseline"]["server_cpu_ms_per_call"], p["this"]["server_cpu_ms_per_call"])
         for p in pairs
     ]
+
+
+def side_medians(pairs: list[dict[str, dict[str, Any]]], keys: tuple[str, ...]) -> dict[str, float]:
+    """`<side>_<key>`: each side's median of `key` over the pairs."""
+    return {
+        f"{side}_{key}": round(float(statistics.median(p[side][key] for p in pairs)), 3)
+        for side in SIDES
+        for key in keys
+    }
+
+
+def summarise(mode: str, sessions: int, pairs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    ratios = cpu_ratios(pairs)
     rate_ratios = [ratio(p["this"]["calls_per_s"], p["baseline"]["calls_per_s"]) for p in pairs]
     summary: dict[str, Any] = {
         "mode": mode,
         "sessions": sessions,
-        "cpu_ratio": statistics.median(cpu_ratios),
-        "cpu_ratios": cpu_ratios,
+        "cpu_ratio": statistics.median(ratios),
+        "cpu_ratios": ratios,
         "calls_ratio": statistics.median(rate_ratios),
         "pairs": pairs,
     }
-    for side in SIDES:
-        for key in (
-            "server_cpu_ms_per_call",
-            "calls_per_s",
-            "added_p50_ms",
-            "added_p99_ms",
-            "errors",
-        ):
-            summary[f"{side}_{key}"] = median(side, key)
+    keys = ("server_cpu_ms_per_call", "calls_per_s", "added_p50_ms", "added_p99_ms", "errors")
+    summary.update(side_medians(pairs, keys))
     return summary
 
 
@@ -271,19 +288,13 @@ def reward_server(seconds: int) -> dict[str, Any]:
     """The reward server with the rule judge at REWARD_SESSIONS sessions of new answers (where
     c98b67c starved its accepts): both trees, alone on core 0 in turn, wrk on core 1."""
     results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "sessions": REWARD_SESSIONS}
-    trees = {"baseline": baseline_tree(), "this": ROOT}
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         servers: dict[str, tuple[int, str]] = {}
-        for side, tree in trees.items():
+        for side in SIDES:
             port = free_port()
-            command = reward_server_command(port)
             base = f"http://127.0.0.1:{port}"
-            with contextlib.chdir(tree):
-                proc = stack.enter_context(
-                    process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
-                )
-            servers[side] = (proc.pid, base)
+            servers[side] = start_in_tree(stack, side, reward_server_command(port), base, work)
         pairs = [
             {
                 side: run_wrk(
@@ -298,15 +309,10 @@ def reward_server(seconds: int) -> dict[str, Any]:
             for _ in range(ROUNDS)
         ]
     results["pairs"] = pairs
-    results["cpu_ratio"] = statistics.median(
-        ratio(p["baseline"]["server_cpu_ms_per_call"], p["this"]["server_cpu_ms_per_call"])
-        for p in pairs
-    )
+    results["cpu_ratio"] = statistics.median(cpu_ratios(pairs))
+    keys = ("server_cpu_ms_per_call", "calls_per_s", "p50_ms", "p99_ms", "max_ms")
+    results.update(side_medians(pairs, keys))
     for side in SIDES:
-        for key in ("server_cpu_ms_per_call", "calls_per_s", "p50_ms", "p99_ms", "max_ms"):
-            results[f"{side}_{key}"] = round(
-                float(statistics.median(p[side][key] for p in pairs)), 3
-            )
         results[f"{side}_timeouts"] = sum(p[side]["timeouts"] for p in pairs)
         results[f"{side}_errors"] = sum(p[side]["errors"] for p in pairs)
         results[f"{side}_requests"] = sum(p[side]["requests"] for p in pairs)
@@ -317,7 +323,7 @@ def rollout() -> dict[str, Any]:
     from deepdive.local.model import train_tokenizer
 
     results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "runs": []}
-    trees = {"baseline": baseline_tree(), "this": ROOT}
+    trees = {side: tree_of(side) for side in SIDES}
     driver = Path(__file__).with_name("rollout_driver.py")
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
         work = Path(tmp)

@@ -153,11 +153,11 @@ class _Connection(asyncio.Protocol):
         """Write the request; the future holds the reply, or TimeoutError after `timeout_s` (one
         timer on the loop: asyncio.timeout's context cost more than the rest of the call)."""
         loop = asyncio.get_running_loop()
-        self._waiter = waiter = loop.create_future()
+        waiter: asyncio.Future[PlainReply] = loop.create_future()
         if self.transport is None:  # lost before this request was written: nothing was sent
-            self._waiter = None
             waiter.set_exception(PlainHttpError("the server closed the connection"))
             return waiter
+        self._waiter = waiter
         self._headers, self._body, self._size, self._limit = [], [], 0, limit
         self._answered = self._overflow = self._headers_done = False
         timer = loop.call_later(timeout_s, self._fail, TimeoutError())

@@ -17,6 +17,7 @@ import errno
 import functools
 import logging
 import socket
+import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -37,6 +38,13 @@ class EagerAcceptServer(uvicorn.Server):
 
     _listening: list[socket.socket]
 
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        # Set once every socket listens. uvicorn's `started` is set inside its own startup,
+        # before these sockets listen: a thread that waited on it could connect and be refused
+        # (seen once in the container CI on a loaded machine).
+        self.accepting = threading.Event()
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn starts the lifespan and marks itself started; the sockets are ours.
         await super().startup(sockets=[])
@@ -55,6 +63,7 @@ class EagerAcceptServer(uvicorn.Server):
             sock.listen(config.backlog)
             sock.setblocking(False)
             loop.add_reader(sock.fileno(), self._accept_pending, loop, sock, factory)
+        self.accepting.set()
 
     def _accept_pending(
         self,

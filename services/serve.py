@@ -205,10 +205,9 @@ def start_server_thread(
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while not server.started:
+    while not server.accepting.wait(0.01):  # listening: a connect from here on is not refused
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
 
     def stop() -> None:
         server.should_exit = True

@@ -9,16 +9,18 @@ from __future__ import annotations
 import asyncio
 import socket
 import statistics
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from services.accepting import _connect_now
+from services.accepting import EagerAcceptServer, _connect_now
 from services.serve import bind, start_server_thread
 
 CLIENTS = 64
@@ -87,6 +89,48 @@ def test_the_listening_socket_is_closed_at_shutdown() -> None:
     except OSError:
         refused = True
     assert refused
+
+
+class WatchedSocket(socket.socket):
+    """A real listening socket that notes what its server had announced when listen() came."""
+
+    server: EagerAcceptServer
+    announced_at_listen: tuple[bool, bool] | None = None
+
+    def listen(self, backlog: int = socket.SOMAXCONN) -> None:
+        self.announced_at_listen = (self.server.started, self.server.accepting.is_set())
+        super().listen(backlog)
+
+
+def test_the_server_says_it_accepts_only_once_its_socket_listens() -> None:
+    """uvicorn marks itself `started` before these sockets listen, so a thread that waited on
+    `started` could connect and be refused (the container CI did once). `accepting` is the
+    signal start_server_thread waits on: never set before listen()."""
+    sock = WatchedSocket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = EagerAcceptServer(uvicorn.Config(Starlette(), log_config=None, lifespan="on"))
+    sock.server = server
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        assert server.accepting.wait(10)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        started, accepting = sock.announced_at_listen or (None, None)
+        assert accepting is False
+        assert started is True  # uvicorn's own flag is early: why `accepting` exists
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+def test_start_server_thread_returns_a_listening_server() -> None:
+    sock = bind("127.0.0.1", 0)
+    stop = start_server_thread(Starlette(), sock)
+    try:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+    finally:
+        stop()
 
 
 async def passes_per_call(port: int, passes: list[int], calls: int) -> tuple[float, float]:

@@ -76,8 +76,9 @@ def test_a_busy_loop_accepts_every_waiting_connection_at_once() -> None:
     with served() as port:
         times = asyncio.run(first_bytes(port))
     # Accepted in one pass, read in the next, answered in the one after: a few passes, whatever
-    # the number of clients. One accept per pass would need CLIENTS passes (3.2 s).
-    assert max(times) < 12 * PASS_S, sorted(times)[-5:]
+    # the number of clients (~0.16 s here). One accept per pass would need CLIENTS passes
+    # (3.2 s); the bound leaves a loaded machine room and still tells the two apart.
+    assert max(times) < 20 * PASS_S, sorted(times)[-5:]
 
 
 def test_the_listening_socket_is_closed_at_shutdown() -> None:

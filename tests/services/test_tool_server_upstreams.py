@@ -147,7 +147,7 @@ def test_a_slow_upstream_is_cut_at_the_call_deadline(httpserver: HTTPServer) -> 
         body = post(client, "s", "search", {"query": "q"})
         elapsed = time.monotonic() - started
     assert body["error"]["code"] in {"deadline_exceeded", "upstream_unavailable"}
-    assert elapsed < 1.5
+    assert elapsed < 1.9  # without the deadline: the upstream's 2 s; a loaded machine adds some
     wait_for_requests(httpserver, 1)
 
 

@@ -72,6 +72,7 @@ def service_client(
             max_concurrency=1024,
             max_response_bytes=64_000_000,
             retry=RetryPolicy(max_attempts=retries + 1, base_delay_s=0.2, max_delay_s=5.0),
+            plain_http=True,  # our services and SGLang, on the cluster's network
         )
         client = Upstream(name, settings, headers=headers, classify_error=classify_error)
         clients[key] = client

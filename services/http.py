@@ -3,7 +3,9 @@
 Every external service (Serper, SerpAPI, Jina, a judge, SGLang, our own services) is reached
 through an `Upstream`. Tests point its `base_url` at a local HTTP server; nothing is patched.
 
-The pool is aiohttp's. Measured side by side on these machines at 64 concurrent requests:
+The pool is aiohttp's for everything that leaves the cluster; the rollout's plain http:// hops
+to our own services and SGLang go through services/plain_http.py (`plain_http=True`, set only
+by deepdive.clients). Measured side by side on these machines at 64 concurrent requests:
 httpx on httpcore costs ~17 ms of CPU per request (its pool re-scans every connection for every
 queued request), httpx on an aiohttp transport 0.77 ms, aiohttp alone 0.36 ms; a rollout turn
 makes two such calls, so the client is most of a turn's cost.
@@ -29,6 +31,7 @@ import orjson
 from yarl import URL
 
 from services.exceptions import (
+    ConfigError,
     ServiceError,
     UpstreamAuthError,
     UpstreamBadResponse,
@@ -37,7 +40,7 @@ from services.exceptions import (
     UpstreamUnavailable,
 )
 from services.logs import log_event, redact, redact_third_party_loggers
-from services.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge
+from services.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge, check_header
 
 if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus
     from services.metrics import ServiceMetrics
@@ -107,9 +110,11 @@ class UpstreamSettings:
     max_concurrency: int = 32
     max_response_bytes: int = 10_000_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    # Calls services.plain_http can make (a path under base_url, a JSON or bytes body) go
-    # through it: about a third of aiohttp's CPU per request. False: aiohttp for every call.
-    plain_http: bool = True
+    # True only for plain http:// hops inside the cluster (the rollout's calls to our own
+    # services and SGLang): calls services.plain_http can make (a path under base_url, a JSON
+    # or bytes body) go through it, about a third of aiohttp's CPU per request. Everything that
+    # leaves the cluster keeps the default: aiohttp for every call.
+    plain_http: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 class Upstream:
-    """A named upstream: one pooled aiohttp session, a concurrency bound and the retry policy."""
+    """A named upstream: one pooled client (aiohttp's, or the lean one where `plain_http`
+    asks), a concurrency bound and the retry policy."""
 
     def __init__(
         self,
@@ -172,6 +178,11 @@ class Upstream:
         self.key_hint = key_hint
         self.auth_failure: str | None = None
         self._headers = dict(headers or {})
+        for header, value in self._headers.items():
+            try:
+                check_header(header, value)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
         self._base = settings.base_url.rstrip("/")
         # asyncio's own semaphore: anyio's yields to the loop on every acquire (a checkpoint),
         # one more loop pass per call. The counts feed /metrics (in flight and waiting).
@@ -186,7 +197,7 @@ class Upstream:
         )
         self._session: aiohttp.ClientSession | None = None
         self._plain: PlainHttpPool | None = None
-        if settings.plain_http and self._base.startswith(("http://", "https://")):
+        if settings.plain_http and self._base.startswith("http://"):
             try:
                 self._plain = PlainHttpPool(self._base, self._headers)
             except ValueError:  # no host to pool for: every call is aiohttp's (and its error)
@@ -243,7 +254,7 @@ class Upstream:
         self.in_flight += 1
         try:
             self._count_call()
-            if self._plain is not None and _plain_call(url, kwargs):
+            if self._plain is not None and _plain_call(method, url, kwargs):
                 return await self._attempt_plain(self._plain, method, url, deadline, kwargs)
             return await self._attempt(method, self._request_url(url), deadline, kwargs)
         finally:
@@ -432,10 +443,15 @@ def _encoded_body(kwargs: dict[str, Any]) -> tuple[bytes | None, dict[str, str] 
     return kwargs.get("content"), headers
 
 
-def _plain_call(url: str, kwargs: dict[str, Any]) -> bool:
+def _plain_call(method: str, url: str, kwargs: dict[str, Any]) -> bool:
     """Whether the lean client can make this call: a path under base_url, a JSON or bytes body,
-    headers; anything else (an absolute URL, query parameters, a pinned TLS name) is aiohttp's."""
-    return not url.startswith(("http://", "https://")) and kwargs.keys() <= _BODY_KWARGS
+    headers; anything else (an absolute URL, query parameters, a pinned TLS name, HEAD, whose
+    reply's length describes a body that never comes) is aiohttp's."""
+    return (
+        method != "HEAD"
+        and not url.startswith(("http://", "https://"))
+        and kwargs.keys() <= _BODY_KWARGS
+    )
 
 
 def _detail(error: UpstreamError) -> str:

@@ -1,22 +1,26 @@
-"""A lean HTTP/1.1 client: keep-alive connections per host (TLS through the event loop's own
-SSL, certificates verified), requests written as one buffer, replies parsed by httptools
-(llhttp, the parser uvicorn uses).
+"""A lean HTTP/1.1 client for plain `http://` hops inside the cluster: the rollout's calls to
+our own services and SGLang. Keep-alive connections per host, requests written as one buffer,
+replies parsed by httptools (llhttp, the parser uvicorn uses). Everything that leaves the
+cluster (Serper, SerpAPI, Jina, pages, an external judge) goes through aiohttp instead:
+`Upstream` uses this client only where its settings ask for it (`plain_http`), and never for
+`https://`.
 
-Why not aiohttp here: a rollout turn is two small requests to our own services (SGLang's
+Why own it at all: a rollout turn is two small requests to our own services (SGLang's
 /generate and the tool server's /tool), and aiohttp spends ~0.12-0.15 ms of CPU on each (a
 task per request body, per-request URL, header and timeout objects; profiled with py-spy in
-benchmarks/rollout_driver.py): about half of a turn's CPU; on a tool-server cache miss the
-call to Serper was ~25 % of the server's CPU. This client does what `Upstream`'s calls need and
-nothing else: no proxies (aiohttp ran with trust_env off too), cookies, redirects or
-compression (it asks for `identity`; a compressed reply anyway is refused). `Upstream` keeps
-its retries, deadlines, caps and error words, and sends what this client does not take (query
-parameters, absolute URLs, a pinned TLS name: SerpAPI and the direct reader) through aiohttp.
+benchmarks/rollout_driver.py): about half of a turn's CPU (docs/services.md has the figures).
+It does what `Upstream`'s calls need and nothing else: no TLS, proxies, cookies, redirects or
+compression (it asks for `identity`; a compressed reply anyway is refused).
+
+Framing is never guessed (RFC 9112): interim 1xx replies are skipped, a head over
+`MAX_HEAD_BYTES` or `MAX_HEADERS` fields is refused, and any byte the server sends that is not
+the reply to the request in flight (a body longer than its Content-Length, a reply nobody
+asked for) closes the connection, so it can never answer another caller's request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -24,6 +28,12 @@ from urllib.parse import urlsplit
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
+
+# aiohttp's own limits are 8,190 bytes a line and 32,768 fields; a reply of ours or SGLang's has
+# a head of a few hundred bytes. Beyond these the reply is refused, not read further.
+MAX_HEAD_BYTES = 65_536
+MAX_HEADERS = 128
+MAX_INTERIM_REPLIES = 8  # 100 Continue, 103 Early Hints: skipped, but not without end
 
 
 class PlainHttpError(ConnectionError):
@@ -48,7 +58,8 @@ class PlainReply:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection: at most one request in flight on it."""
+    """One keep-alive connection: at most one request in flight on it, and no byte read that
+    is not that request's reply."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -61,9 +72,13 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._limit = 0
+        self._head_bytes = 0  # bytes read while the final reply's head was not yet complete
+        self._interim = 0
+        self._in_flight = False  # a request was written and its final reply is not yet read
         self._answered = False  # a byte of the reply has arrived (not safe to resend)
         self._headers_done = False
         self._overflow = False
+        self._error: BaseException | None = None  # found inside a parser callback
         self.keep_alive = True
 
     # asyncio.Protocol
@@ -71,20 +86,35 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
-        self._answered = True
         if self._parser is None:  # after connection_lost: nothing is read any more
             return
+        if not self._in_flight:
+            # Bytes nobody asked for (a body longer than its length, an unsolicited reply):
+            # the framing is in doubt, so the connection ends here and answers no one.
+            self._fail(PlainHttpError("the server sent bytes that answer no request"))
+            return
+        self._answered = True
+        head_before = not self._headers_done
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(PlainHttpError("the server switched protocols (none was asked for)"))
         except httptools.HttpParserError:
-            self._fail(PlainHttpError("the server sent a malformed response"))
-        if self._overflow:
+            if self._error is None:
+                self._error = PlainHttpError("the server sent a malformed response")
+        if self._error is not None:
+            self._fail(self._error)
+        elif self._overflow:
             self._fail(ResponseTooLarge())
+        elif head_before and not self._headers_done and self._in_flight:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(PlainHttpError(f"the server sent a head over {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self._waiter is not None and not self._waiter.done() and self._ends_at_close():
-            self.on_message_complete()  # a body without a length ends with the connection
+            self._complete()  # a body without a length ends with the connection
         if self._waiter is not None and not self._waiter.done():
             words = (
                 "the connection closed before the response was complete"
@@ -98,6 +128,7 @@ class _Connection(asyncio.Protocol):
         self._parser = None
         self.transport = None
         self._waiter = None
+        self._in_flight = False
         self._headers, self._body = [], []
 
     def _ends_at_close(self) -> bool:
@@ -108,15 +139,28 @@ class _Connection(asyncio.Protocol):
         framing = {name.lower() for name, _ in self._headers}
         return b"content-length" not in framing and b"transfer-encoding" not in framing
 
-    # httptools callbacks
+    # httptools callbacks (an exception raised in one becomes a parser error: record it instead)
+    def on_message_begin(self) -> None:
+        if not self._in_flight and self._error is None:
+            # a second reply in the same bytes as the first: the first's body was longer than
+            # its length said, or the server answers what nobody asked
+            self._error = PlainHttpError("the server sent bytes that answer no request")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self._headers) >= MAX_HEADERS:
+            if self._error is None:
+                self._error = PlainHttpError(f"the server sent over {MAX_HEADERS} header fields")
+            return
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._headers_done = True
+        assert self._parser is not None  # it is calling this
+        if not self._is_interim(self._parser.get_status_code()):
+            self._headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        # (httptools turns an exception raised here into a parser error: flag it instead)
+        if not self._in_flight:
+            return  # on_message_begin recorded the error
         self._size += len(body)
         if self._size > self._limit:
             self._overflow = True
@@ -125,13 +169,30 @@ class _Connection(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if self._overflow:
-            return  # data_received fails the request
+        if not self._in_flight or self._overflow:
+            return  # on_message_begin recorded the error; data_received fails an overflow
+        assert self._parser is not None  # it is calling this
+        if self._is_interim(self._parser.get_status_code()):
+            # 100 Continue, 103 Early Hints: not the reply (RFC 9110 15.2); the real one follows
+            self._interim += 1
+            self._headers = []
+            if self._interim > MAX_INTERIM_REPLIES and self._error is None:
+                self._error = PlainHttpError("the server sent interim replies without end")
+            return
+        self._complete()
+
+    @staticmethod
+    def _is_interim(status: int) -> bool:
+        return 100 <= status < 200 and status != 101  # 101 raises HttpParserUpgrade
+
+    def _complete(self) -> None:
+        """The final reply is read: hand it to the waiter; the connection reads nothing more."""
+        self._in_flight = False
         encoding = next((v for k, v in self._headers if k.lower() == b"content-encoding"), None)
         if encoding is not None and encoding.strip().lower() not in (b"identity", b""):
             self._fail(PlainHttpError("the server sent a compressed response (none was asked for)"))
             return
-        assert self._parser is not None  # it is calling this
+        assert self._parser is not None
         self.keep_alive = self._parser.should_keep_alive()
         headers: CIMultiDict[str] = CIMultiDict(
             (name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers
@@ -159,7 +220,9 @@ class _Connection(asyncio.Protocol):
             return waiter
         self._waiter = waiter
         self._headers, self._body, self._size, self._limit = [], [], 0, limit
+        self._head_bytes = self._interim = 0
         self._answered = self._overflow = self._headers_done = False
+        self._in_flight = True
         timer = loop.call_later(timeout_s, self._fail, TimeoutError())
         waiter.add_done_callback(lambda _: timer.cancel())
         self.transport.write(request)
@@ -178,6 +241,8 @@ class _Connection(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(exc)
         self.keep_alive = False
+        self.closed = True  # never handed out again, even before connection_lost comes
+        self._in_flight = False
         if self.transport is not None:
             self.transport.abort()
 
@@ -192,21 +257,42 @@ def _charset(content_type: str | None) -> str | None:
     return None
 
 
+_FORBIDDEN_IN_HEADERS = ("\r", "\n", "\0")
+_SEPARATORS_IN_NAMES = frozenset('()<>@,;:\\"/[]?={} \t')
+
+
+def check_header(name: str, value: str) -> None:
+    """Refuse a header that would split the request (RFC 9110 5.1, 5.5): a name that is not a
+    token, a CR, LF or NUL in the value. The message names the header, never its value (a key
+    may be in it)."""
+    if not name or any(c in _SEPARATORS_IN_NAMES or not (32 < ord(c) < 127) for c in name):
+        raise ValueError(f"header name {name!r} is not an HTTP token")
+    if any(c in value for c in _FORBIDDEN_IN_HEADERS):
+        raise ValueError(f"header {name!r} has a CR, LF or NUL in its value")
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise ValueError(f"header {name!r} has a character outside Latin-1 in its value") from None
+
+
+def _header_lines(headers: Mapping[str, str]) -> str:
+    for name, value in headers.items():
+        check_header(name, value)
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
 class PlainHttpPool:
     """Keep-alive connections to one `http://host:port`, reused last in, first out."""
 
     def __init__(self, base_url: str, headers: Mapping[str, str]) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s):// base URL: {base_url!r}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"not an http:// base URL: {base_url!r}")
         self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        # certificates and host names verified, as aiohttp's default context does
-        self._tls = ssl.create_default_context() if parts.scheme == "https" else None
+        self.port = parts.port or 80
         host_header = parts.netloc.rpartition("@")[2]
-        lines = [f"Host: {host_header}", "Accept-Encoding: identity"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        self._fixed = "".join(f"{line}\r\n" for line in lines).encode("latin-1")
+        fixed = {"Host": host_header, "Accept-Encoding": "identity", **headers}
+        self._fixed = _header_lines(fixed).encode("latin-1")
         self._idle: list[_Connection] = []
 
     async def request(
@@ -222,7 +308,8 @@ class PlainHttpPool:
     ) -> PlainReply:
         """Send one request and read its reply, all within `timeout_s` (a new connection's
         connect within `connect_timeout_s` of it). `target` is the path and query. Raises
-        `PlainHttpError` (transport), `ResponseTooLarge` or TimeoutError."""
+        `PlainHttpError` (transport), `ResponseTooLarge`, TimeoutError, or ValueError for a
+        header that would split the request."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
 
@@ -231,7 +318,7 @@ class PlainHttpPool:
 
         head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
         if headers:
-            head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+            head += _header_lines(headers).encode("latin-1")
         request = head + f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
         while self._idle:
             connection = self._idle.pop()
@@ -251,16 +338,7 @@ class PlainHttpPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                if self._tls is None:
-                    _, protocol = await loop.create_connection(_Connection, self.host, self.port)
-                else:
-                    _, protocol = await loop.create_connection(
-                        _Connection, self.host, self.port, ssl=self._tls, server_hostname=self.host
-                    )
-        except ssl.SSLCertVerificationError:
-            raise PlainHttpError("could not connect (the TLS certificate was refused)") from None
-        except ssl.SSLError:
-            raise PlainHttpError("could not connect (the TLS handshake failed)") from None
+                _, protocol = await loop.create_connection(_Connection, self.host, self.port)
         except OSError:  # refused, unreachable, no such host: the words aiohttp's client gave
             raise PlainHttpError("could not connect") from None
         return protocol

@@ -14,7 +14,11 @@ import pytest
 
 from tests.helpers import LOCAL_SLURM
 
-CLUSTER_DIR = "/tmp/deepdive-slurm-tests"  # its own daemons and ports, beside a dev cluster
+# Its own daemons and ports, beside a dev cluster; two checkouts testing at once on one host
+# (worktrees) give each its own with DEEPDIVE_TEST_SLURM=DIR:CTLD_PORT:SLURMD_PORT0.
+CLUSTER_DIR, CTLD_PORT, SLURMD_PORT0 = os.environ.get(
+    "DEEPDIVE_TEST_SLURM", "/tmp/deepdive-slurm-tests:16827:16950"
+).split(":")
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +35,8 @@ def slurm_env() -> Iterator[dict[str, str]]:
     env = {
         **os.environ,
         "DEEPDIVE_SLURM_DIR": CLUSTER_DIR,
-        "CTLD_PORT": "16827",
-        "SLURMD_PORT0": "16950",
+        "CTLD_PORT": CTLD_PORT,
+        "SLURMD_PORT0": SLURMD_PORT0,
     }
     up = subprocess.run(
         [str(LOCAL_SLURM), "up"], env=env, capture_output=True, text=True, timeout=180

@@ -53,7 +53,7 @@ class SlurmTable:
     nodes: int = 1
     gpus_per_node: int = 0
     cpus_per_task: int = 0  # 0 = the cluster's default
-    mem_gb: float = 0.0  # per node; 0 = the cluster's default
+    mem_gb: float = 0.0  # per node; 0 = the whole node when exclusive, else the default
     time_min: int = 60
     partition: str = ""
     account: str = ""

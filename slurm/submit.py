@@ -12,11 +12,14 @@ secret), the sbatch script and each task's raw log.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
+from services.exceptions import ServiceError
 from slurm.config import ExperimentConfig
 from slurm.run_folder import RunFolder
 
@@ -38,17 +41,28 @@ def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
     optional = {
         "gpus_per_node": slurm.gpus_per_node,
         "cpus_per_task": slurm.cpus_per_task,
-        "mem": f"{round(slurm.mem_gb * 1024)}MB" if slurm.mem_gb else None,
+        "mem": memory(slurm.mem_gb, slurm.exclusive),
         "partition": slurm.partition,
         "account": slurm.account,
         "qos": slurm.qos,
         "constraint": slurm.constraint,
         "exclusive": slurm.exclusive or None,
         "setup": list(slurm.setup),
-        "additional_parameters": dict(slurm.extra),
+        # a requeue (ours on USR2, or Slurm's on preemption) must not depend on the site's
+        # JobRequeue default
+        "additional_parameters": {"requeue": True, **slurm.extra},
     }
     parameters.update({key: value for key, value in optional.items() if value})
     return parameters
+
+
+def memory(mem_gb: float, exclusive: bool) -> str | None:
+    """sbatch's --mem per node: the amount asked for; with `mem_gb = 0` on exclusive nodes the
+    whole node's memory ("0": --exclusive alone leaves the job the partition's default per
+    CPU); on shared nodes the partition's default (None: no --mem)."""
+    if mem_gb:
+        return f"{round(mem_gb * 1024)}MB"
+    return "0" if exclusive else None
 
 
 def python_command(config: ExperimentConfig) -> str:
@@ -84,9 +98,17 @@ def sbatch_script(config: ExperimentConfig, parameters: dict[str, Any] | None = 
     return script
 
 
+class SubmissionRefused(ServiceError):
+    """sbatch refused the job (an unknown partition, a limit of the account, ...)."""
+
+    code = "submission_refused"
+
+
 def submit(config: ExperimentConfig) -> str:
-    """Submit the job (sbatch, through submitit); its id."""
+    """Submit the job (sbatch, through submitit); its id. Raises `SubmissionRefused` with
+    Slurm's own reason when sbatch refuses it."""
     import submitit
+    from submitit.core.utils import FailedJobError
 
     from slurm.bootstrap import NodeJob
 
@@ -96,5 +118,18 @@ def submit(config: ExperimentConfig) -> str:
         python=python_command(config),
     )
     executor.update_parameters(**executor_parameters(config))
-    job = executor.submit(NodeJob(config))
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):  # submitit prints sbatch's stderr, then raises
+            job = executor.submit(NodeJob(config))
+    except FailedJobError as error:
+        raise SubmissionRefused(f"sbatch refused the job: {slurm_reason(str(error))}") from None
     return str(job.job_id)
+
+
+def slurm_reason(stderr: str) -> str:
+    """sbatch's own words, without its prefix: the last line that says something."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return "no reason given (sbatch exited non-zero)"
+    return lines[-1].removeprefix("sbatch: error: ").removeprefix("sbatch: ")

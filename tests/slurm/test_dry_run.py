@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurm.config import load_experiment
-from slurm.submit import executor_parameters, python_command
+from slurm.submit import executor_parameters, python_command, sbatch_script
 from tests.helpers import DEEPDIVE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,8 +86,32 @@ def test_executor_parameters_are_a_pure_function_of_the_config(tmp_path: Path) -
         "cpus_per_task": 2,
         "mem": "4096MB",
         "exclusive": True,
+        "additional_parameters": {"requeue": True},
     }
     assert python_command(config) == sys.executable
+
+
+@pytest.mark.parametrize(
+    ("mem_gb", "exclusive", "sent"),
+    [(0, True, "--mem=0"), (0, False, None), (2, True, "--mem=2048MB"), (2, False, "--mem=2048MB")],
+)
+def test_memory_and_requeue_reach_sbatch(
+    tmp_path: Path, mem_gb: int, exclusive: bool, sent: str | None
+) -> None:
+    """mem_gb = 0 on exclusive nodes is the whole node (--exclusive alone gets the partition's
+    default memory per CPU); every job asks for --requeue itself."""
+    config = load_experiment(
+        SHIPPED,
+        [
+            f'run.folder="{tmp_path}"',
+            f"slurm.mem_gb={mem_gb}",
+            f"slurm.exclusive={exclusive}".lower(),
+        ],
+    )
+    script = sbatch_script(config)
+    lines = [line for line in script.splitlines() if line.startswith("#SBATCH --mem")]
+    assert lines == ([f"#SBATCH {sent}"] if sent else [])
+    assert "#SBATCH --requeue" in script.splitlines()
 
 
 @pytest.mark.parametrize("nv", [True, False])

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -57,10 +60,11 @@ def run_submit(args: argparse.Namespace) -> None:
         print(f"{run.root} finished already ({run.finished}): nothing to submit")
         return
     check_same_run(config, run)
-    private_folder(run.root)
-    private_folder(run.submitit)
-    atomic_write_bytes(run.config, tomli_w.dumps(config.as_dict()).encode())
-    job_id = submit(config)
+    with undone_if_refused(run):
+        private_folder(run.root)
+        private_folder(run.submitit)
+        atomic_write_bytes(run.config, tomli_w.dumps(config.as_dict()).encode())
+        job_id = submit(config)
     run.record_job({"job_id": job_id, "t": time.time(), "nodes": config.slurm.nodes})
     remember_job(job_id, run.root)
     resume = backend.resume_point()
@@ -71,6 +75,34 @@ def run_submit(args: argparse.Namespace) -> None:
     print(f"  node logs   {run.attempts}/{job_id}-0/node-K.log")
     print(f"  status      deepdive status {run.root}")
     print(f"  logs        deepdive logs {run.root} --node 0 --follow")
+
+
+@contextlib.contextmanager
+def undone_if_refused(run: RunFolder) -> Iterator[None]:
+    """A submission sbatch refuses leaves the run folder as it found it: a new folder is
+    removed, an existing one gets its config back and loses the pickles written for the job."""
+    from slurm.submit import SubmissionRefused
+
+    existed = run.root.exists()
+    config = run.config.read_bytes() if run.config.is_file() else None
+    before = set(run.submitit.rglob("*")) if run.submitit.is_dir() else set()
+    try:
+        yield
+    except SubmissionRefused:
+        if not existed:
+            shutil.rmtree(run.root, ignore_errors=True)
+        else:
+            if config is not None:
+                atomic_write_bytes(run.config, config)
+            else:
+                run.config.unlink(missing_ok=True)
+            written = set(run.submitit.rglob("*")) - before if run.submitit.is_dir() else set()
+            for path in sorted(written, reverse=True):  # files before their folders
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
 
 
 # What a slime run's checkpoints fix: another model or layout cannot load them.

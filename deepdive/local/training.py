@@ -43,15 +43,15 @@ def train(
     if resumed is None:
         summary["warm_start"] = run_warm_start(run, model, tokenizer)
         rollouts.load_state_dict(model.state_dict())
-        before: dict[str, float] = {}
-        if config.eval.before:
-            before = evaluate(run, rollouts, evaluations, "after the warm start")
         start_step = 0
     settings = OptimizerSettings(grpo.lr, grpo.weight_decay, grpo.max_grad_norm, grpo.micro_batch)
     reference = PolicyTrainer.frozen_copy(model) if grpo.kl_coef > 0 else None
     trainer = PolicyTrainer(model, tokenizer.pad_token_id, settings, reference)
+    before: dict[str, float] | None = None
     if resumed is None:
-        save(run, 0, trainer, sampler, before, summary.get("warm_start"))
+        # Saved before its evaluation: a requeue during a long evaluation (or a slow node's)
+        # resumes after the warm start instead of doing it again, every attempt alike.
+        save(run, 0, trainer, sampler, None, summary.get("warm_start"))
     else:
         start_step, state = resumed
         trainer.load_state_dict(state["trainer"])
@@ -61,6 +61,11 @@ def train(
         summary["warm_start"] = state.get("warm_start")
         rollouts.load_state_dict(model.state_dict())
         run.say(f"resumed from {paths.checkpoints} at step {start_step}")
+    if before is None:  # a fresh run, or one resumed from the warm start's checkpoint
+        before = {}
+        if config.eval.before:
+            before = evaluate(run, rollouts, evaluations, "after the warm start")
+        save(run, start_step, trainer, sampler, before, summary.get("warm_start"))
     log = RunLog(paths.logs, resume_after_step=start_step if resumed else None)
     totals = {"rollout_s": 0.0, "update_s": 0.0, "sync_s": 0.0}
     with run.progress() as progress:
@@ -180,9 +185,10 @@ def save(
     step: int,
     trainer: PolicyTrainer,
     sampler: PromptSampler,
-    eval_before: dict[str, float],
+    eval_before: dict[str, float] | None,
     warm_start_summary: dict[str, Any] | None,
 ) -> None:
+    """`eval_before` None: the evaluation after the warm start is still to come."""
     state = {
         "trainer": trainer.state_dict(),
         "sampler": sampler.state(),

@@ -195,3 +195,50 @@ def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None
     )
     assert refused.returncode == 2 and "run.resume = false" in refused.stderr
     assert os.path.exists(killed_out / "checkpoints" / "step-000004")  # nothing was overwritten
+
+
+def test_a_kill_during_the_first_evaluation_resumes_after_the_warm_start(tmp_path: Path) -> None:
+    """The warm start is checkpointed before the evaluation that follows it: an attempt that
+    dies there (a requeue on a slow node) continues with the evaluation, not a second warm
+    start, and reaches what an uninterrupted run reaches."""
+    longer = (  # an evaluation long enough to be killed in
+        TINY.replace("samples = 1\n", "samples = 12\n").replace("steps = 4\n", "steps = 1\n")
+    )
+    straight_config = tmp_path / "straight.toml"
+    straight_config.write_text(longer.format(out=tmp_path / "straight"))
+    straight = deepdive_run(straight_config)
+    _, straight_log = straight.communicate(timeout=600)
+    assert straight.returncode == 0, straight_log
+
+    config = tmp_path / "killed.toml"
+    config.write_text(longer.format(out=tmp_path / "killed"))
+    victim = deepdive_run(config)
+    marker = tmp_path / "killed" / "checkpoints" / "step-000000" / "meta.json"
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        assert victim.poll() is None, victim.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    _, killed_log = victim.communicate(timeout=60)
+    assert "reward after the warm start" not in killed_log  # killed inside that evaluation
+
+    resumed = deepdive_run(config)
+    _, resumed_log = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, resumed_log
+    assert "at step 0" in resumed_log
+    assert "copy warm-up" not in resumed_log and "warm start" not in resumed_log.replace(
+        "after the warm start", ""
+    )
+    out, killed_out = tmp_path / "straight", tmp_path / "killed"
+    assert rows(killed_out) == rows(out)
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    resumed_summary = orjson.loads((killed_out / "summary.json").read_bytes())
+    for key in ("eval_reward_before", "eval_reward_after"):
+        assert resumed_summary[key] == summary[key], key
+    for summaries in (resumed_summary, summary):
+        summaries["warm_start"].pop("seconds")
+    assert resumed_summary["warm_start"] == summary["warm_start"]  # from the checkpoint
+    expected, actual = weights(out / "final_model"), weights(killed_out / "final_model")
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name

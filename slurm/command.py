@@ -148,7 +148,8 @@ def run_status(args: argparse.Namespace) -> None:
 
     status = run_status(find_run(args.run), job_state)
     if args.json:
-        print(orjson.dumps(status.as_dict()).decode())
+        # node numbers are the keys of "nodes": JSON keys are strings
+        print(orjson.dumps(status.as_dict(), option=orjson.OPT_NON_STR_KEYS).decode())
         return
     state = status.state or ("FINISHED" if status.finished else "not queued")
     print(f"run       {status.run}")

@@ -8,34 +8,74 @@ so the bottom layer never names the top one.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from services.exceptions import ConfigError, ServiceError
-from services.reward_server import command as reward_server_command
-from services.tool_server import command as tool_server_command
 
 Handler = Callable[[argparse.Namespace], None]
-# name, one-line help, description, options, handler
-Subcommand = tuple[str, str, str, Callable[[argparse.ArgumentParser], None], Handler]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One command of a table. `module` is imported only when this command is chosen (its
+    options are built then): `deepdive --help` or another command's help never pays for the
+    servers, Ray or torch. The module has `add_arguments` and `run` functions, or the ones
+    named by `options` and `handler`."""
+
+    name: str
+    summary: str  # one line, in the table's help
+    description: str
+    module: str
+    options: str = "add_arguments"
+    handler: str = "run"
+
+    def load(self, parser: argparse.ArgumentParser) -> None:
+        module = importlib.import_module(self.module)
+        getattr(module, self.options)(parser)
+        parser.set_defaults(handler=getattr(module, self.handler))
+
 
 SERVICES: list[Subcommand] = [
-    (
+    Subcommand(
         "tools",
         "the tool server (search / click / open)",
         "Serve search, click and open over HTTP (POST /tool).",
-        tool_server_command.add_arguments,
-        tool_server_command.run,
+        "services.tool_server.command",
     ),
-    (
+    Subcommand(
         "reward",
         "the reward server (strict binary reward)",
         "Serve DeepDive's strict binary reward over HTTP (POST /evaluate).",
-        reward_server_command.add_arguments,
-        reward_server_command.run,
+        "services.reward_server.command",
     ),
 ]
+
+
+class LazyParser(argparse.ArgumentParser):
+    """A subcommand's parser whose options are built the first time it is used."""
+
+    def __init__(self, *args: Any, subcommand: Subcommand | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._subcommand = subcommand
+
+    def _load(self) -> None:
+        if self._subcommand is not None:
+            subcommand, self._subcommand = self._subcommand, None
+            subcommand.load(self)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._load()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._load()
+        return super().format_help()
 
 
 def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:
@@ -51,11 +91,21 @@ def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> Non
     )
 
 
-def add_subcommands(group: Any, subcommands: Sequence[Subcommand]) -> None:
-    for name, summary, description, add_arguments, handler in subcommands:
-        parser = group.add_parser(name, help=summary, description=description)
-        add_arguments(parser)
-        parser.set_defaults(handler=handler)
+def add_subcommands(
+    parser: argparse.ArgumentParser, dest: str, metavar: str, subcommands: Sequence[Subcommand]
+) -> Any:
+    """A required choice among `subcommands`, each built only when chosen; the group."""
+    group = parser.add_subparsers(
+        dest=dest, required=True, metavar=metavar, parser_class=LazyParser
+    )
+    for subcommand in subcommands:
+        group.add_parser(
+            subcommand.name,
+            help=subcommand.summary,
+            description=subcommand.description,
+            subcommand=subcommand,
+        )
+    return group
 
 
 def run_handler(program: str, args: argparse.Namespace) -> int:
@@ -79,7 +129,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m services", description="Run one of the HTTP services."
     )
-    add_subcommands(
-        parser.add_subparsers(dest="service", required=True, metavar="SERVICE"), SERVICES
-    )
+    add_subcommands(parser, "service", "SERVICE", SERVICES)
     return run_handler("services", parser.parse_args(argv))

@@ -31,8 +31,9 @@ def test_every_command_has_help(args: list[str]) -> None:
     assert "usage: deepdive" in result.stdout
 
 
-HEAVY = ("torch", "ray", "starlette", "uvicorn", "aiohttp", "submitit", "transformers", "httpx")
-HEAVY += ("services.tool_server", "services.reward_server", "services.http")
+HEAVY: tuple[str, ...] = ("torch", "ray", "starlette", "uvicorn", "aiohttp", "submitit")
+HEAVY += ("transformers", "httpx", "services.tool_server", "services.reward_server")
+HEAVY += ("services.http",)
 LOADED = """
 import contextlib, io, sys
 from slurm.cli import main

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup lock test test-installed image-context image-cpu image ci-container pin-images gpu-smoke lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container pin-images gpu-smoke lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -56,6 +56,13 @@ slurm-down:
 	@scripts/local-slurm.sh down
 
 test: lint typecheck unit
+
+# The inner loop: lint and the tests that need no Slurm, no containers and no slow run (the
+# `slow` marker: whole jobs, whole local runs, memory and worker-process tests).
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	DEEPDIVE_SKIP_SLURM=1 $(BIN)/pytest -m "not slow" -q
 
 # The same checks with the tools already on PATH (an image's environment, no .venv, caches
 # under /tmp): what the container CI runs inside the SIF, on the project mounted read-only.

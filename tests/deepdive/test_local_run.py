@@ -116,6 +116,7 @@ def service_urls(out: Path) -> list[str]:
     return urls
 
 
+@pytest.mark.slow
 def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None:
     straight = deepdive_run(write_config(tmp_path, "straight"))
     stdout, stderr = straight.communicate(timeout=600)
@@ -197,6 +198,7 @@ def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None
     assert os.path.exists(killed_out / "checkpoints" / "step-000004")  # nothing was overwritten
 
 
+@pytest.mark.slow
 def test_a_kill_during_the_first_evaluation_resumes_after_the_warm_start(tmp_path: Path) -> None:
     """The warm start is checkpointed before the evaluation that follows it: an attempt that
     dies there (a requeue on a slow node) continues with the evaluation, not a second warm

@@ -24,6 +24,8 @@ CLUSTER_DIR, CTLD_PORT, SLURMD_PORT0 = os.environ.get(
 @pytest.fixture(scope="session")
 def slurm_env() -> Iterator[dict[str, str]]:
     """The environment in which `deepdive submit` and Slurm's commands reach the cluster."""
+    if os.environ.get("DEEPDIVE_SKIP_SLURM"):
+        pytest.skip("DEEPDIVE_SKIP_SLURM is set (make test-fast): no Slurm cluster is started")
     missing = [
         name for name in ("slurmctld", "slurmd", "munged", "sbatch") if not shutil.which(name)
     ]

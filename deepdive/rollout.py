@@ -11,8 +11,9 @@ context. `finish` ends the episode.
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
 FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
 aborted or failed: reward 0 is set here, so slime never sees None, in the shape slime reads
-with --reward-key). With --rollout-top-p < 1 each model turn's kept token ids are stored as
-slime's trainer replays them (deepdive.top_p). --partial-rollout and the fully-async rollout,
+with --reward-key; SGLang's own message is kept in the error, deepdive.aborts). With
+--rollout-top-p < 1 each model turn's kept token ids are stored as slime's trainer replays
+them (deepdive.top_p). --partial-rollout and the fully-async rollout,
 which continue aborted episodes, are refused.
 
 Nothing raises out of either hook but a misconfiguration: a tool or reward server URL that is
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from deepdive.aborts import abort_reason, sglang_refusal
 from deepdive.clients import service_client
 from deepdive.observation_tokens import observation_tokens
 from deepdive.protocol import (
@@ -47,7 +49,7 @@ from deepdive.routing import worker_for
 from deepdive.sample import status_name, status_of
 from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
-from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
+from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse, UpstreamError
 from services.http import Upstream, decode_json_object
 from services.logs import log_event
 
@@ -162,6 +164,7 @@ class Turn:
     text: str
     finish_reason: str
     top_p: tuple[list[int], list[int]] | None = None  # kept ids and offsets, when asked for
+    abort: str | None = None  # why SGLang aborted the turn, in its words (deepdive.aborts)
 
 
 async def generate_turn(
@@ -171,7 +174,8 @@ async def generate_turn(
     input_ids: list[int],
     params: dict[str, Any],
 ) -> Turn:
-    """One SGLang /generate call, token in and token out. Raises `ServiceError` on failure."""
+    """One SGLang /generate call, token in and token out. Raises `ServiceError` on failure
+    (a refusal carries SGLang's message: the client reads 4xx with deepdive.aborts)."""
     payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     reply = await client.send(
         "POST",
@@ -185,7 +189,8 @@ async def generate_turn(
     data = decode_json_object(reply.content, "sglang")
     try:
         meta = data["meta_info"]
-        finish = (meta.get("finish_reason") or {}).get("type") or "stop"
+        reason = meta.get("finish_reason") or {}
+        finish = reason.get("type") or "stop"
         pairs = meta.get("output_token_logprobs") or []
         ids = [int(item[1]) for item in pairs]
         logprobs = [float(item[0]) if item[0] is not None else 0.0 for item in pairs]
@@ -200,7 +205,8 @@ async def generate_turn(
             spans = turn_spans(meta if isinstance(meta, dict) else {}, len(ids))
         except ValueError as error:
             raise UpstreamBadResponse("sglang", str(error)) from None
-    return Turn(ids, logprobs, text, str(finish), spans)
+    abort = abort_reason(reason) if finish == "abort" else None
+    return Turn(ids, logprobs, text, str(finish), spans, abort)
 
 
 async def call_tool(
@@ -252,7 +258,11 @@ async def generate_with_tool(
     prompt_text = render_prompt(sample, tokenizer)
     observations = observation_tokens(tokenizer)
     sglang = service_client(  # looked up once per episode, not once per turn
-        "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
+        "sglang",
+        settings.sglang_url,
+        settings.generate_timeout_s,
+        settings.retries,
+        classify_error=sglang_refusal,
     )
     trajectory = Trajectory.from_prompt(observations.encode(prompt_text))
     if requested(sampling_params):
@@ -291,15 +301,16 @@ async def generate_with_tool(
                 trajectory.tokens,  # serialised before the call returns; only then does it grow
                 _turn_params(base_params, max_new, stats.turns),
             )
-        except ServiceError as error:
-            stats.error = f"sglang: {error.message}"
+        except ServiceError as error:  # an UpstreamError's message names sglang already
+            named = isinstance(error, UpstreamError)
+            stats.error = error.message if named else f"sglang: {error.message}"
             status = "ABORTED"
             break
         finally:
             stats.generation_s += time.monotonic() - started
         stats.turns += 1
         if turn.finish_reason == "abort":
-            stats.error = "aborted"
+            stats.error = turn.abort
             status = "ABORTED"
             break
         trajectory.add_model_turn(turn)

@@ -1,4 +1,4 @@
-"""Aborted episodes: why they aborted, in SGLang's own words.
+"""Aborted episodes: why they aborted, in SGLang's own words, and kept out of training.
 
 An episode is ABORTED when SGLang refuses or fails a turn: a prompt longer than its context
 (HTTP 400), sampling it cannot do (`--rollout-top-p` < 1 without slime's SGLang patch), an
@@ -7,6 +7,8 @@ is what a person needs to fix it, so it is kept in the sample's error (`metadata
 ["error"]`): the refused reply's message (SGLang answers `{"error": {"message": ...}}`,
 python/sglang/srt/entrypoints/http_server.py; a router may answer text), or the abort's
 `finish_reason.message`; on one line, capped, with every registered secret redacted.
+
+An aborted episode is not a wrong answer: it must not train as one (`keep_out_of_training`).
 """
 
 from __future__ import annotations
@@ -70,3 +72,15 @@ def abort_reason(finish_reason: Any) -> str:
     """Why SGLang aborted a turn (its `finish_reason.message`, when it gave one)."""
     message = finish_reason.get("message") if isinstance(finish_reason, dict) else None
     return f"sglang aborted: {one_line(str(message))}" if message else "sglang aborted"
+
+
+def keep_out_of_training(sample: Any) -> None:
+    """An aborted episode is no answer: no token of it trains. slime zeroes the loss mask of a
+    sample with `remove_sample` set (slime/ray/rollout.py, lines 680-681) and a zero mask adds
+    nothing to the loss (slime/backends/megatron_utils/cp_utils.py, lines 73-81); the mask is
+    zeroed here too, so the exclusion holds where `remove_sample` is not read (a custom
+    --custom-convert-samples-to-train-data-path, the local trainer). Its reward, 0, still
+    enters its group's mean (slime/utils/arguments.py, lines 1433-1437): deepdive.filters drops
+    such a group when the over-sampled batch has one to spare."""
+    sample.remove_sample = True
+    sample.loss_mask = [0] * sample.response_length

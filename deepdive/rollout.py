@@ -11,10 +11,10 @@ context. `finish` ends the episode.
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
 FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
 aborted or failed: reward 0 is set here, so slime never sees None, in the shape slime reads
-with --reward-key; SGLang's own message is kept in the error, deepdive.aborts). With
---rollout-top-p < 1 each model turn's kept token ids are stored as slime's trainer replays
-them (deepdive.top_p). --partial-rollout and the fully-async rollout,
-which continue aborted episodes, are refused.
+with --reward-key; SGLang's own message is kept in the error, and no token of the episode
+trains: deepdive.aborts). With --rollout-top-p < 1 each model turn's kept token ids are
+stored as slime's trainer replays them (deepdive.top_p). --partial-rollout and the
+fully-async rollout, which continue aborted episodes, are refused.
 
 Nothing raises out of either hook but a misconfiguration: a tool or reward server URL that is
 not ours (deepdive.service_check) raises ConfigError naming its setting, so the run stops
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from deepdive.aborts import abort_reason, sglang_refusal
+from deepdive.aborts import abort_reason, keep_out_of_training, sglang_refusal
 from deepdive.clients import service_client
 from deepdive.observation_tokens import observation_tokens
 from deepdive.protocol import (
@@ -387,11 +387,17 @@ def _finish_sample(
     sample.session_id = session_id
     sample.status = status_of(sample, status)
     sample.metadata = {**(sample.metadata or {}), "deepdive": stats.as_dict(evaluation)}
-    if status == "ABORTED":  # defined, so an aborted sample never trains on a missing reward
+    refused = False
+    if status == "ABORTED":  # defined, so slime never reads a missing reward
         sample.reward = reward_shaped(args, 0.0)
+        keep_out_of_training(sample)
+        # slime aborts what is in flight when a rollout has its batch (its `abort`): routine;
+        # a refused or failed request is not
+        refused = not (stats.error or "").startswith("sglang aborted")
     log_event(
         logger,
         "rollout",
+        logging.WARNING if refused else logging.INFO,
         session=session_id,
         status=status,
         turns=stats.turns,

@@ -5,6 +5,7 @@ line, bounded), and nothing SGLang sends back raises out of the rollout."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import anyio
@@ -55,14 +56,21 @@ def error_of(sample: LocalSample) -> str:
 
 @pytest.mark.anyio
 @episode_test
-async def test_sglangs_refusal_is_kept_in_the_samples_error(services: dict[str, str]) -> None:
-    # The stored error was "sglang: HTTP 400 (request refused)": SGLang's reason was dropped.
-    sample, fake = await play(
-        [ScriptedTurn(SEARCH), ScriptedTurn("", status=400, message=TOO_LONG)], services
-    )
+async def test_sglangs_refusal_is_kept_in_the_samples_error(
+    services: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The stored error was "sglang: HTTP 400 (request refused)": SGLang's reason was dropped,
+    # and the episode's one trace was an INFO line.
+    with caplog.at_level(logging.INFO, logger="deepdive.rollout"):
+        sample, fake = await play(
+            [ScriptedTurn(SEARCH), ScriptedTurn("", status=400, message=TOO_LONG)], services
+        )
+        routine, _ = await play([ScriptedTurn("", "abort")], services)  # slime's own abort
     assert sample.status is SampleStatus.ABORTED
     assert error_of(sample) == f"sglang: HTTP 400: {TOO_LONG}"
     assert len(fake.requests) == 2  # a refusal is not retried (retries would not help)
+    levels = {r.getMessage().split(" session=")[1].split()[0]: r.levelno for r in caplog.records}
+    assert levels == {sample.session_id: logging.WARNING, routine.session_id: logging.INFO}
 
 
 @pytest.mark.anyio

@@ -9,17 +9,27 @@ python/sglang/srt/entrypoints/http_server.py; a router may answer text), or the 
 `finish_reason.message`; on one line, capped, with every registered secret redacted.
 
 An aborted episode is not a wrong answer: it must not train as one (`keep_out_of_training`).
+Many of them say the infrastructure is failing, not the policy: each rollout's aborted count
+and share go to slime's rollout metrics, and a rollout with more than `max_aborted_share` of
+its episodes aborted stops the run with SGLang's words and the count (`log_rollout`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
+from deepdive.rollout_settings import arg_name, settings_from_args
+from deepdive.sample import status_name
 from services.exceptions import ServiceError, UpstreamBadResponse
 from services.http import UpstreamReply
-from services.logs import redact
+from services.logs import log_event, redact
+
+logger = logging.getLogger("deepdive.aborts")
 
 MESSAGE_CHARS = 1000  # an error that echoes the whole prompt stays readable and small
 _NOT_REFUSALS = frozenset({401, 402, 403, 429})  # the client's own rules: keys, rate limits
@@ -84,3 +94,89 @@ def keep_out_of_training(sample: Any) -> None:
     such a group when the over-sampled batch has one to spare."""
     sample.remove_sample = True
     sample.loss_mask = [0] * sample.response_length
+
+
+class RolloutAborted(RuntimeError):
+    """More of a rollout's episodes aborted than `max_aborted_share` allows: SGLang is
+    refusing or failing requests, and training on what is left would hide it."""
+
+
+def _flat(samples: Iterable[Any]) -> list[Any]:
+    found: list[Any] = []
+    for item in samples:
+        found.extend(_flat(item) if isinstance(item, list) else [item])
+    return found
+
+
+def aborted_errors(samples: list[Any]) -> Counter[str]:
+    """How many aborted episodes ended on each error (the hook's stored error)."""
+    errors: Counter[str] = Counter()
+    for sample in samples:
+        if status_name(sample) == "ABORTED":
+            stats = (getattr(sample, "metadata", None) or {}).get("deepdive") or {}
+            errors[str(stats.get("error") or "no error recorded")] += 1
+    return errors
+
+
+def check_aborted_share(
+    samples: list[Any], limit: float, rollout_id: int, eval_set: str | None = None
+) -> int:
+    """The number of `samples` that aborted; logged when any did. Raises RolloutAborted when
+    their share is above `limit`, naming the count and what SGLang said, most often first."""
+    errors = aborted_errors(samples)
+    aborted = sum(errors.values())
+    if not aborted:
+        return 0
+    share = aborted / len(samples)
+    log_event(
+        logger,
+        "rollout_aborted",
+        logging.WARNING,
+        rollout=rollout_id,
+        eval_set=eval_set,
+        aborted=aborted,
+        samples=len(samples),
+        share=round(share, 4),
+        error=errors.most_common(1)[0][0],
+    )
+    if share > limit:
+        what = f"eval {eval_set} at rollout {rollout_id}" if eval_set else f"rollout {rollout_id}"
+        said = "; ".join(f"[{count}x] {error}" for error, count in errors.most_common(3))
+        raise RolloutAborted(
+            f"{what}: {aborted} of {len(samples)} episodes ABORTED ({share:.0%}), more than "
+            f"{arg_name('max_aborted_share')} = {limit:g} allows; SGLang failed them, not the "
+            f"policy. SGLang said: {said}. Check SGLang's log; a context too long for the "
+            "model (slime.rollout.max_context_len against the model's and "
+            "slime.sglang.context_length), --rollout-top-p below 1 on an SGLang without "
+            "slime's patch, an engine that died. The limit is slime.deepdive.max_aborted_share."
+        )
+    return aborted
+
+
+def log_rollout(
+    rollout_id: int, args: Any, samples: list[Any], metrics: Any, rollout_time: float
+) -> bool:
+    """--custom-rollout-log-function-path: slime calls it with each rollout's samples before
+    it logs them and before they train (slime/observability/rollout_metrics.py, lines
+    256-260, from slime/ray/rollout.py, line 506, in RolloutManager.generate, whose error
+    train.py's ray.get raises: train.py, line 53). The aborted count and share join the
+    rollout's metrics, which slime logs next (lines 265-271); returns False so it does."""
+    flat = _flat(samples)
+    limit = settings_from_args(args).max_aborted_share
+    aborted = sum(aborted_errors(flat).values())
+    if isinstance(metrics, dict):
+        metrics["rollout/deepdive/aborted"] = aborted
+        metrics["rollout/deepdive/aborted_ratio"] = aborted / len(flat) if flat else 0.0
+    check_aborted_share(flat, limit, rollout_id)
+    return False
+
+
+def log_eval_rollout(rollout_id: int, args: Any, data: Any, extra_metrics: Any) -> bool:
+    """--custom-eval-rollout-log-function-path: the same rule for each evaluation set
+    (slime/observability/rollout_metrics.py, lines 223-227): an eval mostly aborted measures
+    SGLang, not the policy. Returns False: slime logs the evaluation as usual."""
+    limit = settings_from_args(args).max_aborted_share
+    for name, result in (data or {}).items():
+        samples = _flat(result.get("samples") or []) if isinstance(result, dict) else []
+        check_aborted_share(samples, limit, rollout_id, str(name))
+    return False

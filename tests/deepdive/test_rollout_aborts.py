@@ -4,8 +4,10 @@ line, bounded), and nothing SGLang sends back raises out of the rollout."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+from argparse import Namespace
 from typing import Any
 
 import anyio
@@ -14,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deepdive.aborts import MESSAGE_CHARS, sglang_message
+from deepdive.aborts import MESSAGE_CHARS, RolloutAborted, sglang_message
 from deepdive.clients import close_clients
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool
+from deepdive.rollout_settings import EVAL_LOG_FUNCTION_PATH, ROLLOUT_LOG_FUNCTION_PATH
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.logs import register_secret
@@ -27,6 +30,7 @@ from tests.helpers import make_args, new_sample, serve_in_thread
 episode_test = pytest.mark.usefixtures("rollout_clients")
 
 SEARCH = format_tool_call("search", {"query": "silver orrery Haldor"})
+FINISH = format_tool_call("finish", {"answer": "Ilse Varen"})
 # SGLang's refusal of a prompt longer than the served context (HTTP 400, its error JSON)
 TOO_LONG = (
     "Requested token count exceeds the model's maximum context length of 32768 tokens. "
@@ -202,3 +206,119 @@ def test_nothing_sglang_answers_raises_out_of_the_rollout(services: dict[str, st
             anyio.run(run)
 
         check()
+
+
+# -- each rollout's aborted episodes, counted, and the run stopped when they are too many ----
+
+
+def load_function(path: str) -> Any:
+    """slime/utils/misc.py, `load_function`, lines 39-48."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def slime_log_rollout_data(
+    rollout_id: int, args: Namespace, samples: list[Any], extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What slime does with a rollout before it trains on it (slime/observability/
+    rollout_metrics.py, `log_rollout_data`, lines 256-271): the custom function first, which
+    skips the rest by answering True; then the rollout's extra metrics are logged, with
+    slime's own. An exception goes up through RolloutManager.generate (slime/ray/rollout.py,
+    line 506) to train.py's ray.get (train.py, line 53): the run stops."""
+    custom = load_function(args.custom_rollout_log_function_path)
+    if custom(rollout_id, args, samples, extra, 12.5):
+        return {}
+    return {**(extra or {})}
+
+
+def slime_log_eval_rollout_data(rollout_id: int, args: Namespace, data: dict[str, Any]) -> None:
+    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-227 (its
+    extra metrics are None after slime's own eval rollout, lines 476-486)."""
+    load_function(args.custom_eval_rollout_log_function_path)(rollout_id, args, data, None)
+
+
+async def rollout_of(
+    services: dict[str, str], refused: int, answered: int, **extra: Any
+) -> tuple[list[LocalSample], Namespace]:
+    """A rollout's samples: `refused` episodes SGLang refused after a search (HTTP 400), and
+    `answered` that finished; with the args the launcher gives slime (its log functions)."""
+    samples = []
+    for _ in range(refused):
+        script = [ScriptedTurn(SEARCH), ScriptedTurn("", status=400, message=TOO_LONG)]
+        samples.append((await play(script, services))[0])
+    for _ in range(answered):
+        samples.append((await play([ScriptedTurn(FINISH)], services))[0])
+    args = make_args("http://127.0.0.1:9", services, **extra)
+    args.custom_rollout_log_function_path = ROLLOUT_LOG_FUNCTION_PATH
+    args.custom_eval_rollout_log_function_path = EVAL_LOG_FUNCTION_PATH
+    return samples, args
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_a_rollout_mostly_aborted_stops_the_run_with_sglangs_words_and_the_count(
+    services: dict[str, str],
+) -> None:
+    # It trained: every refused episode a wrong answer, one INFO line each.
+    samples, args = await rollout_of(services, refused=3, answered=1)
+    with pytest.raises(RolloutAborted) as stopped:
+        slime_log_rollout_data(7, args, samples, {})
+    message = str(stopped.value)
+    assert message.startswith("rollout 7: 3 of 4 episodes ABORTED (75%)")
+    assert f"SGLang said: [3x] sglang: HTTP 400: {TOO_LONG}." in message
+    assert "deepdive_max_aborted_share = 0.5" in message
+    assert "slime.deepdive.max_aborted_share" in message
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
+    services: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    samples, args = await rollout_of(services, refused=1, answered=3)
+    with caplog.at_level(logging.WARNING, logger="deepdive.aborts"):
+        logged = slime_log_rollout_data(3, args, samples, {"rollout/dynamic_filter/drop_x": 2})
+    assert logged == {
+        "rollout/dynamic_filter/drop_x": 2,  # slime's own, kept
+        "rollout/deepdive/aborted": 1,
+        "rollout/deepdive/aborted_ratio": 0.25,
+    }
+    [record] = [r for r in caplog.records if r.name == "deepdive.aborts"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith("rollout_aborted rollout=3 ")
+    assert "aborted=1 samples=4 share=0.25 error=" in record.getMessage()
+    clean = slime_log_rollout_data(4, args, samples[1:], {})
+    assert clean == {"rollout/deepdive/aborted": 0, "rollout/deepdive/aborted_ratio": 0.0}
+    assert slime_log_rollout_data(5, args, [], None) == {}  # nothing to count, no crash
+
+
+@pytest.mark.anyio
+@episode_test
+@pytest.mark.parametrize(
+    ("refused", "answered", "share", "stops"),
+    [
+        (2, 2, 0.5, False),  # exactly the share: not above it
+        (3, 1, 0.8, False),
+        (1, 3, 0.0, True),  # 0: any aborted episode stops the run
+        (4, 0, 1.0, False),  # 1: never
+    ],
+)
+async def test_the_share_that_stops_the_run_is_a_setting(
+    services: dict[str, str], refused: int, answered: int, share: float, stops: bool
+) -> None:
+    samples, args = await rollout_of(services, refused, answered, max_aborted_share=share)
+    if stops:
+        with pytest.raises(RolloutAborted):
+            slime_log_rollout_data(1, args, samples, {})
+    else:
+        slime_log_rollout_data(1, args, samples, {})
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_an_evaluation_mostly_aborted_stops_the_run_too(services: dict[str, str]) -> None:
+    samples, args = await rollout_of(services, refused=3, answered=1)
+    data = {"bc": {"rewards": [0.0, 0.0, 0.0, 1.0], "samples": samples}}
+    with pytest.raises(RolloutAborted, match=r"^eval bc at rollout 2: 3 of 4 episodes ABORTED"):
+        slime_log_eval_rollout_data(2, args, data)
+    slime_log_eval_rollout_data(2, args, {"bc": {"rewards": [1.0], "samples": samples[3:]}})

@@ -14,7 +14,7 @@ aborted or failed: reward 0 is set here, so slime never sees None, in the shape 
 with --reward-key; SGLang's own message is kept in the error, and no token of the episode
 trains: deepdive.aborts). With --rollout-top-p < 1 each model turn's kept token ids are
 stored as slime's trainer replays them (deepdive.top_p). --partial-rollout and the
-fully-async rollout, which continue aborted episodes, are refused.
+fully-async rollout, which continue aborted episodes, are refused (deepdive.rollout_modes).
 
 Nothing raises out of either hook but a misconfiguration: a tool or reward server URL that is
 not ours (deepdive.service_check) raises ConfigError naming its setting, so the run stops
@@ -44,6 +44,7 @@ from deepdive.protocol import (
     find_tool_calls,
     format_observation,
 )
+from deepdive.rollout_modes import refuse_unsupported_modes
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.routing import worker_for
 from deepdive.sample import status_name, status_of
@@ -427,30 +428,6 @@ def reward_shaped(args: Any, value: float) -> Any:
     keys = {getattr(args, name, None) for name in ("reward_key", "eval_reward_key")}
     named = sorted(key for key in keys if isinstance(key, str) and key)
     return {key: value for key in named} if named else value
-
-
-# What slime does with an aborted sample in these modes needs a rollout that can pick an
-# episode up where it stopped (the tool server's session, the turns so far); this one cannot.
-_CONTINUING_ROLLOUTS = ("slime.rollout.fully_async_rollout.",)
-
-
-def refuse_unsupported_modes(args: Any) -> None:
-    """--partial-rollout and the fully-async rollout hand an aborted sample back to the hook
-    to continue it (slime/rollout/sglang_rollout.py, `abort`, lines 355-370;
-    slime/rollout/fully_async_rollout.py, module docstring) and keep the reward it already has
-    (`generate_and_rm`, line 282): a restarted episode would train on a stale reward. Refused,
-    as DeepDive's own hook does, naming the flag."""
-    if getattr(args, "partial_rollout", False):
-        raise ConfigError(
-            "--partial-rollout: deepdive.rollout.generate_with_tool cannot continue an aborted "
-            "multi-turn episode; run without --partial-rollout"
-        )
-    path = getattr(args, "rollout_function_path", None) or ""
-    if isinstance(path, str) and path.startswith(_CONTINUING_ROLLOUTS):
-        raise ConfigError(
-            f"--rollout-function-path {path}: deepdive.rollout.generate_with_tool cannot "
-            "continue an aborted multi-turn episode; use slime's default rollout function"
-        )
 
 
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:

@@ -35,6 +35,7 @@ SLIME_SIDE = (
     "filters",
     "routing",
     "aborts",
+    "rollout_modes",
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string

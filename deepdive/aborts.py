@@ -113,8 +113,10 @@ def aborted_errors(samples: list[Any]) -> Counter[str]:
     errors: Counter[str] = Counter()
     for sample in samples:
         if status_name(sample) == "ABORTED":
-            stats = (getattr(sample, "metadata", None) or {}).get("deepdive") or {}
-            errors[str(stats.get("error") or "no error recorded")] += 1
+            metadata = getattr(sample, "metadata", None)
+            stats = metadata.get("deepdive") if isinstance(metadata, dict) else None
+            error = stats.get("error") if isinstance(stats, dict) else None
+            errors[str(error or "no error recorded")] += 1
     return errors
 
 

@@ -322,3 +322,16 @@ async def test_an_evaluation_mostly_aborted_stops_the_run_too(services: dict[str
     with pytest.raises(RolloutAborted, match=r"^eval bc at rollout 2: 3 of 4 episodes ABORTED"):
         slime_log_eval_rollout_data(2, args, data)
     slime_log_eval_rollout_data(2, args, {"bc": {"rewards": [1.0], "samples": samples[3:]}})
+
+
+def test_samples_aborted_elsewhere_are_counted_whatever_their_metadata() -> None:
+    """slime's own aborts, another hook's samples: no error of ours recorded, still counted."""
+    odd = [
+        LocalSample(status=SampleStatus.ABORTED),
+        LocalSample(status=SampleStatus.ABORTED, metadata={"deepdive": "not a dict"}),
+        LocalSample(status=SampleStatus.ABORTED, metadata=None),  # type: ignore[arg-type]
+        LocalSample(status=SampleStatus.COMPLETED),
+    ]
+    args = make_args("http://127.0.0.1:9", {"tools": "http://t", "reward": "http://r"})
+    with pytest.raises(RolloutAborted, match=r"\[3x\] no error recorded"):
+        load_function(ROLLOUT_LOG_FUNCTION_PATH)(0, args, [odd], {}, 1.0)  # nested: flattened

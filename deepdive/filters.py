@@ -13,6 +13,14 @@ replaced.
 - drop_failed_groups: every sample aborted (SGLang failed) or was malformed (FAILED, or ended
   on a malformed call): the group measures the infrastructure or the format, not the search.
 
+Each of them first drops a group with an ABORTED sample, but only while the over-sampled batch
+has a group to spare (`keep_when_insufficient`; slime counts the drops as
+`rollout/dynamic_filter/drop_aborted`): the aborted sample trains no token
+(deepdive.aborts), yet its reward 0 sits in its group's mean. Never more than that: a group
+dropped outright makes slime sample another round (lines 407-411), and with SGLang refusing
+every request every group aborts, so the rollout sampled forever instead of ending and
+stopping the run on its aborted share (deepdive.aborts.log_rollout).
+
 `--buffer-filter-path deepdive.filters.pop_live_groups`: slime's buffer of groups handed back
 for another try is read with `fn(args, rollout_id, buffer, num_samples)`
 (slime/rollout/data_source.py, lines 171-196, default `pop_first`); this one pops the first
@@ -59,13 +67,27 @@ def failed(sample: Any) -> bool:
     return isinstance(error, str) and error.startswith("malformed")
 
 
+def _aborted_group(samples: list[Any]) -> Any:
+    """Dropped while the batch has a group to spare, kept (its aborted samples untrained)
+    otherwise; None when no sample aborted."""
+    if any(status_name(sample) == "ABORTED" for sample in samples):
+        return DynamicFilterOutput(keep=False, reason="aborted", keep_when_insufficient=True)
+    return None
+
+
 def drop_uniform_groups(args: Any, samples: list[Any], **kwargs: Any) -> Any:
+    aborted = _aborted_group(samples)
+    if aborted is not None:
+        return aborted
     rewards = [reward_value(args, sample) for sample in samples]
     keep = max(rewards, default=0.0) - min(rewards, default=0.0) > 1e-6
     return DynamicFilterOutput(keep=keep, reason=None if keep else f"uniform_{rewards[0]:g}")
 
 
 def drop_failed_groups(args: Any, samples: list[Any], **kwargs: Any) -> Any:
+    aborted = _aborted_group(samples)
+    if aborted is not None:
+        return aborted
     keep = not samples or not all(failed(sample) for sample in samples)
     return DynamicFilterOutput(keep=keep, reason=None if keep else "all_failed")
 

@@ -11,9 +11,10 @@ context. `finish` ends the episode.
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
 FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
 aborted or failed: reward 0 is set here, so slime never sees None, in the shape slime reads
-with --reward-key). With --rollout-top-p < 1 each model turn's kept token ids are stored as
-slime's trainer replays them (deepdive.top_p). --partial-rollout and the fully-async rollout,
-which continue aborted episodes, are refused.
+with --reward-key; SGLang's own message is kept in the error, and no token of the episode
+trains: deepdive.aborts). With --rollout-top-p < 1 each model turn's kept token ids are
+stored as slime's trainer replays them (deepdive.top_p). --partial-rollout and the
+fully-async rollout, which continue aborted episodes, are refused (deepdive.rollout_modes).
 
 Nothing raises out of either hook but a misconfiguration: a tool or reward server URL that is
 not ours (deepdive.service_check) raises ConfigError naming its setting, so the run stops
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from deepdive.aborts import abort_reason, keep_out_of_training, sglang_refusal
 from deepdive.clients import service_client
 from deepdive.observation_tokens import observation_tokens
 from deepdive.protocol import (
@@ -42,12 +44,13 @@ from deepdive.protocol import (
     find_tool_calls,
     format_observation,
 )
+from deepdive.rollout_modes import refuse_unsupported_modes
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.routing import worker_for
 from deepdive.sample import status_name, status_of
 from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
-from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse
+from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse, UpstreamError
 from services.http import Upstream, decode_json_object
 from services.logs import log_event
 
@@ -162,6 +165,7 @@ class Turn:
     text: str
     finish_reason: str
     top_p: tuple[list[int], list[int]] | None = None  # kept ids and offsets, when asked for
+    abort: str | None = None  # why SGLang aborted the turn, in its words (deepdive.aborts)
 
 
 async def generate_turn(
@@ -171,7 +175,8 @@ async def generate_turn(
     input_ids: list[int],
     params: dict[str, Any],
 ) -> Turn:
-    """One SGLang /generate call, token in and token out. Raises `ServiceError` on failure."""
+    """One SGLang /generate call, token in and token out. Raises `ServiceError` on failure
+    (a refusal carries SGLang's message: the client reads 4xx with deepdive.aborts)."""
     payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     reply = await client.send(
         "POST",
@@ -185,7 +190,8 @@ async def generate_turn(
     data = decode_json_object(reply.content, "sglang")
     try:
         meta = data["meta_info"]
-        finish = (meta.get("finish_reason") or {}).get("type") or "stop"
+        reason = meta.get("finish_reason") or {}
+        finish = reason.get("type") or "stop"
         pairs = meta.get("output_token_logprobs") or []
         ids = [int(item[1]) for item in pairs]
         logprobs = [float(item[0]) if item[0] is not None else 0.0 for item in pairs]
@@ -200,7 +206,8 @@ async def generate_turn(
             spans = turn_spans(meta if isinstance(meta, dict) else {}, len(ids))
         except ValueError as error:
             raise UpstreamBadResponse("sglang", str(error)) from None
-    return Turn(ids, logprobs, text, str(finish), spans)
+    abort = abort_reason(reason) if finish == "abort" else None
+    return Turn(ids, logprobs, text, str(finish), spans, abort)
 
 
 async def call_tool(
@@ -252,7 +259,11 @@ async def generate_with_tool(
     prompt_text = render_prompt(sample, tokenizer)
     observations = observation_tokens(tokenizer)
     sglang = service_client(  # looked up once per episode, not once per turn
-        "sglang", settings.sglang_url, settings.generate_timeout_s, settings.retries
+        "sglang",
+        settings.sglang_url,
+        settings.generate_timeout_s,
+        settings.retries,
+        classify_error=sglang_refusal,
     )
     trajectory = Trajectory.from_prompt(observations.encode(prompt_text))
     if requested(sampling_params):
@@ -291,15 +302,16 @@ async def generate_with_tool(
                 trajectory.tokens,  # serialised before the call returns; only then does it grow
                 _turn_params(base_params, max_new, stats.turns),
             )
-        except ServiceError as error:
-            stats.error = f"sglang: {error.message}"
+        except ServiceError as error:  # an UpstreamError's message names sglang already
+            named = isinstance(error, UpstreamError)
+            stats.error = error.message if named else f"sglang: {error.message}"
             status = "ABORTED"
             break
         finally:
             stats.generation_s += time.monotonic() - started
         stats.turns += 1
         if turn.finish_reason == "abort":
-            stats.error = "aborted"
+            stats.error = turn.abort
             status = "ABORTED"
             break
         trajectory.add_model_turn(turn)
@@ -376,11 +388,17 @@ def _finish_sample(
     sample.session_id = session_id
     sample.status = status_of(sample, status)
     sample.metadata = {**(sample.metadata or {}), "deepdive": stats.as_dict(evaluation)}
-    if status == "ABORTED":  # defined, so an aborted sample never trains on a missing reward
+    refused = False
+    if status == "ABORTED":  # defined, so slime never reads a missing reward
         sample.reward = reward_shaped(args, 0.0)
+        keep_out_of_training(sample)
+        # slime aborts what is in flight when a rollout has its batch (its `abort`): routine;
+        # a refused or failed request is not
+        refused = not (stats.error or "").startswith("sglang aborted")
     log_event(
         logger,
         "rollout",
+        logging.WARNING if refused else logging.INFO,
         session=session_id,
         status=status,
         turns=stats.turns,
@@ -410,30 +428,6 @@ def reward_shaped(args: Any, value: float) -> Any:
     keys = {getattr(args, name, None) for name in ("reward_key", "eval_reward_key")}
     named = sorted(key for key in keys if isinstance(key, str) and key)
     return {key: value for key in named} if named else value
-
-
-# What slime does with an aborted sample in these modes needs a rollout that can pick an
-# episode up where it stopped (the tool server's session, the turns so far); this one cannot.
-_CONTINUING_ROLLOUTS = ("slime.rollout.fully_async_rollout.",)
-
-
-def refuse_unsupported_modes(args: Any) -> None:
-    """--partial-rollout and the fully-async rollout hand an aborted sample back to the hook
-    to continue it (slime/rollout/sglang_rollout.py, `abort`, lines 355-370;
-    slime/rollout/fully_async_rollout.py, module docstring) and keep the reward it already has
-    (`generate_and_rm`, line 282): a restarted episode would train on a stale reward. Refused,
-    as DeepDive's own hook does, naming the flag."""
-    if getattr(args, "partial_rollout", False):
-        raise ConfigError(
-            "--partial-rollout: deepdive.rollout.generate_with_tool cannot continue an aborted "
-            "multi-turn episode; run without --partial-rollout"
-        )
-    path = getattr(args, "rollout_function_path", None) or ""
-    if isinstance(path, str) and path.startswith(_CONTINUING_ROLLOUTS):
-        raise ConfigError(
-            f"--rollout-function-path {path}: deepdive.rollout.generate_with_tool cannot "
-            "continue an aborted multi-turn episode; use slime's default rollout function"
-        )
 
 
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:

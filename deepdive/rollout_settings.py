@@ -32,6 +32,9 @@ OnMalformed = Literal["fail", "continue"]
 # What slime is told to call: --custom-generate-function-path and --custom-rm-path.
 GENERATE_FUNCTION_PATH = "deepdive.rollout.generate_with_tool"
 REWARD_FUNCTION_PATH = "deepdive.rollout.reward_func"
+# ... and --custom-rollout-log-function-path, --custom-eval-rollout-log-function-path
+ROLLOUT_LOG_FUNCTION_PATH = "deepdive.aborts.log_rollout"
+EVAL_LOG_FUNCTION_PATH = "deepdive.aborts.log_eval_rollout"
 # The tokenizer object the local backend hands the rollout (slime's hook loads hf_checkpoint's).
 TOKENIZER_ARG = "deepdive_tokenizer"
 _PREFIX = "deepdive_"
@@ -59,6 +62,8 @@ class RolloutSettings:
     reward_timeout_s    total time for one reward request
     generate_timeout_s  total time for one SGLang turn
     retries             retries of 429/5xx/transport errors for each of the three services
+    max_aborted_share   a rollout with more of its episodes ABORTED than this share stops the
+                        run (deepdive.aborts); 1 never stops
     """
 
     sglang_url: str
@@ -71,6 +76,7 @@ class RolloutSettings:
     reward_timeout_s: float = 600.0
     generate_timeout_s: float = 1800.0
     retries: int = 3
+    max_aborted_share: float = 0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -88,6 +94,11 @@ class RolloutSettings:
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ConfigError(
                 f"{arg_name('retries')}: expected a whole number >= 0, got {self.retries!r}"
+            )
+        share = self.max_aborted_share
+        if not (isinstance(share, int | float) and not isinstance(share, bool) and 0 <= share <= 1):
+            raise ConfigError(
+                f"{arg_name('max_aborted_share')}: expected a share from 0 to 1, got {share!r}"
             )
         for name in ("sglang_url", "reward_server_url"):
             _check_url(arg_name(name), getattr(self, name))
@@ -220,6 +231,7 @@ def settings_from_args(args: Any) -> RolloutSettings:
             args, "generate_timeout_s", _DEFAULTS["generate_timeout_s"].default
         ),
         retries=_value(args, "retries", _DEFAULTS["retries"].default),
+        max_aborted_share=_value(args, "max_aborted_share", _DEFAULTS["max_aborted_share"].default),
     )
     with contextlib.suppress(AttributeError):  # an args object that refuses attributes
         args._deepdive_rollout_settings = settings

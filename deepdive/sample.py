@@ -47,6 +47,7 @@ class LocalSample:
     # top-p replay in CSR form (slime/utils/types.py, lines 122-125; deepdive.top_p)
     rollout_top_p_token_ids: list[int] | None = None
     rollout_top_p_token_offsets: list[int] | None = None
+    remove_sample: bool = False  # kept out of the loss (slime/utils/types.py, line 127)
 
 
 Sample: Any = SlimeSample if SlimeSample is not None else LocalSample

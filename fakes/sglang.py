@@ -5,7 +5,11 @@ token out, with SGLang's response format (text, meta_info.output_token_logprobs 
 Asked for top-p token ids (`sampling_params.custom_params.return_top_p_token_ids`, as slime
 asks with --rollout-top-p < 1), it returns `meta_info.top_p_token_ids` and
 `top_p_token_offsets` as SGLang does, base64 of native int32 (or lists, `top_p_format`):
-position i of a turn kept `kept_ids(token, i)`."""
+position i of a turn kept `kept_ids(token, i)`.
+
+A scripted turn can also refuse the request as SGLang does (`status` 400 with its error body,
+`{"error": {"message": ...}}`, python/sglang/srt/entrypoints/http_server.py), answer a router's
+5xx, send any `body` at all, or abort with a `message` in `finish_reason`."""
 
 from __future__ import annotations
 
@@ -49,6 +53,9 @@ def _int32_base64(values: list[int]) -> str:
 class ScriptedTurn:
     text: str
     finish: str = "stop"  # stop | length | abort
+    status: int = 200  # anything else: an error reply, SGLang's shape unless `body` is given
+    message: str = ""  # the error's message, or the abort's finish_reason.message
+    body: bytes | None = None  # the reply's body exactly, for an error status
 
 
 @dataclass
@@ -73,6 +80,13 @@ class FakeSGLang:
                 turn = self.choose(tokenizer.decode(body["input_ids"]))
             else:
                 turn = self.script.pop(0) if self.script else ScriptedTurn("", "abort")
+            if turn.status != 200:
+                error = orjson.dumps({"error": {"message": turn.message}})
+                return Response(
+                    error if turn.body is None else turn.body,
+                    status_code=turn.status,
+                    media_type="application/json",
+                )
             ids = tokenizer.encode(turn.text)
             finish = turn.finish
             limit = body["sampling_params"]["max_new_tokens"]
@@ -82,8 +96,11 @@ class FakeSGLang:
                 ids = []
             pairs = [[logprob_of(i), token, None] for i, token in enumerate(ids)]
             text = tokenizer.decode(ids)
+            reason: dict[str, Any] = {"type": finish}
+            if finish == "abort" and turn.message:
+                reason["message"] = turn.message
             meta = {
-                "finish_reason": {"type": finish},
+                "finish_reason": reason,
                 "output_token_logprobs": pairs,
                 "prompt_tokens": len(body["input_ids"]),
             }

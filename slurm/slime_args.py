@@ -5,7 +5,9 @@ printed by --dry-run), grouped as slime's own launch scripts group their flags, 
 
 The hooks are always ours: --custom-generate-function-path and --custom-rm-path (the reward
 server's batch endpoint with aliases and the episode's flags; slime's remote_rm would lose
-them). --group-rm is never emitted: slime's evaluation asserts against it. Checkpoints are
+them), the rollout log functions that count aborted episodes (deepdive.aborts), and
+slime's data source behind the check that refuses a rollout the hook cannot run under
+(deepdive.rollout_modes). --group-rm is never emitted: slime's evaluation asserts against it. Checkpoints are
 the run folder's: --save and --load the same folder, so a requeued job continues from the
 newest complete checkpoint (Megatron writes latest_checkpointed_iteration.txt last; without
 one, slime starts from --ref-load, slime/utils/arguments.py, lines 1817-1834).
@@ -19,9 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deepdive.rollout_modes import DATA_SOURCE_PATH
 from deepdive.rollout_settings import (
+    EVAL_LOG_FUNCTION_PATH,
     GENERATE_FUNCTION_PATH,
     REWARD_FUNCTION_PATH,
+    ROLLOUT_LOG_FUNCTION_PATH,
     RolloutSettings,
 )
 from slurm.config import ExperimentConfig
@@ -118,6 +123,9 @@ def slime_arguments(
     rollout_args = [
         "--custom-generate-function-path", GENERATE_FUNCTION_PATH,
         "--custom-rm-path", REWARD_FUNCTION_PATH,
+        "--custom-rollout-log-function-path", ROLLOUT_LOG_FUNCTION_PATH,
+        "--custom-eval-rollout-log-function-path", EVAL_LOG_FUNCTION_PATH,
+        "--data-source-path", DATA_SOURCE_PATH,
         "--custom-config-path", str(custom_config_path),
         "--prompt-data", rollout.prompt_data,
         "--input-key", rollout.input_key,
@@ -229,6 +237,7 @@ def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[st
         reward_timeout_s=hook.reward_timeout_s,
         generate_timeout_s=hook.generate_timeout_s,
         retries=hook.retries,
+        max_aborted_share=hook.max_aborted_share,
     )
     return settings.as_slime_config()
 

@@ -22,6 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NoReturn
 
+from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
 from services.exceptions import ConfigError
 from slurm.config import ExperimentConfig
 from slurm.slime_args import architecture, presets, slime_arguments
@@ -66,6 +67,7 @@ def check_slime(config: ExperimentConfig) -> None:
     emitted = slime_arguments(
         config, Path("/run/deepdive.yaml"), {"tools": "http://n/", "reward": "http://n/"}
     )
+    _check_rollout_function(emitted.arguments())
     known = slime_flags()
     for flag in emitted.flags():
         if flag not in known:  # a bug of the builder: said so, with where the list comes from
@@ -153,13 +155,6 @@ def _check_extra_args(extra: list[str]) -> None:
             _fail("slime.extra_args", f"{flag} is not a flag of slime at {_pins()}{hint}")
         if flag in REFUSED:
             _fail("slime.extra_args", f"{flag}: {REFUSED[flag]}")
-        if flag == "--rollout-function-path" and "fully_async" in " ".join(
-            extra[index : index + 2]
-        ):
-            _fail(
-                "slime.extra_args",
-                "the fully-async rollout continues aborted episodes, which deepdive.rollout cannot",
-            )
         kind = known[flag][1]
         following = extra[index + 1] if index + 1 < len(extra) else None
         if (
@@ -168,6 +163,34 @@ def _check_extra_args(extra: list[str]) -> None:
             and (following is None or following.startswith("--"))
         ):
             _fail("slime.extra_args", f"{flag} takes a value")
+
+
+def _check_rollout_function(arguments: list[str]) -> None:
+    """The rollout function slime will run, read from the whole command line as argparse
+    reads it (the last value wins, `--flag value` or `--flag=value`): never the fully-async
+    rollout, whose worker thread logs the hook's refusal and waits on (deepdive.rollout_modes);
+    and slime's data source stays ours, the check that refuses it again at start-up."""
+    values: dict[str, str] = {}
+    for index, item in enumerate(arguments):
+        flag, equals, value = item.partition("=")
+        if flag in ("--rollout-function-path", "--data-source-path"):
+            following = arguments[index + 1] if index + 1 < len(arguments) else ""
+            values[flag] = value if equals else following
+    rollout = values.get("--rollout-function-path", "")
+    if fully_async(rollout):
+        _fail(
+            "slime.extra_args",
+            f"--rollout-function-path {rollout}: the fully-async rollout continues aborted "
+            "episodes, which deepdive.rollout cannot, and its worker thread only logs the "
+            "hook's refusal, so the run would wait until its time limit; use slime's default",
+        )
+    if values.get("--data-source-path", DATA_SOURCE_PATH) != DATA_SOURCE_PATH:
+        _fail(
+            "slime.extra_args",
+            f"--data-source-path {values['--data-source-path']}: the launcher passes "
+            f"{DATA_SOURCE_PATH} (slime's own data source, behind the check that refuses a "
+            "rollout the hook cannot run under)",
+        )
 
 
 def _check_gpus(config: ExperimentConfig) -> None:

@@ -254,6 +254,11 @@ class SlimeDeepDive:
     reward_timeout_s: float = 600.0
     generate_timeout_s: float = 1800.0
     retries: int = 5
+    max_aborted_share: float = 0.5  # a rollout with more episodes ABORTED stops the run
+
+    def __post_init__(self) -> None:
+        share = self.max_aborted_share
+        require(0 <= share <= 1, "slime.deepdive.max_aborted_share", "from 0 to 1", share)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ SLIME_SIDE = (
     "top_p",
     "filters",
     "routing",
+    "aborts",
+    "rollout_modes",
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string

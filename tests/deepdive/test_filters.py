@@ -67,19 +67,69 @@ def test_a_group_where_every_sample_failed_is_dropped() -> None:
         sample(0.0, SampleStatus.TRUNCATED, "malformed: bad JSON"),  # continued, then ran out
     ]
     assert dropped(drop_failed_groups(ARGS, failed))
-    assert drop_failed_groups(ARGS, failed).reason == "all_failed"
-    one_honest = [*failed, sample(0.0, SampleStatus.TRUNCATED, "max_turns")]
+    assert drop_failed_groups(ARGS, failed[1:]).reason == "all_failed"
+    one_honest = [*failed[1:], sample(0.0, SampleStatus.TRUNCATED, "max_turns")]
     assert not dropped(drop_failed_groups(ARGS, one_honest))
 
 
 def test_both_filters_at_once() -> None:
-    assert dropped(drop_uniform_or_failed_groups(ARGS, [sample(0.0, SampleStatus.ABORTED)] * 4))
-    assert (
-        drop_uniform_or_failed_groups(ARGS, [sample(0.0, SampleStatus.ABORTED)] * 4).reason
-        == "all_failed"
-    )
+    failed = [sample(0.0, SampleStatus.FAILED, "malformed: no tool call")] * 4
+    assert dropped(drop_uniform_or_failed_groups(ARGS, failed))
+    assert drop_uniform_or_failed_groups(ARGS, failed).reason == "all_failed"
     assert dropped(drop_uniform_or_failed_groups(ARGS, [sample(1.0)] * 4))
     assert not dropped(drop_uniform_or_failed_groups(ARGS, [sample(1.0), sample(0.0)]))
+
+
+FILTERS = [drop_uniform_groups, drop_failed_groups, drop_uniform_or_failed_groups]
+
+
+@pytest.mark.parametrize("dynamic_filter", FILTERS)
+def test_a_group_with_an_aborted_sample_is_dropped_only_while_the_batch_has_one_to_spare(
+    dynamic_filter: Any,
+) -> None:
+    """Its aborted sample trains no token, but its reward 0 sits in the group's mean
+    (deepdive.aborts.keep_out_of_training): dropped when over-sampling has a group to spare,
+    kept when dropping it would make slime sample another round."""
+    group = [sample(1.0), sample(0.0), sample(0.0, SampleStatus.ABORTED)]
+    output = dynamic_filter(ARGS, group)
+    assert output.reason == "aborted"  # slime logs rollout/dynamic_filter/drop_aborted
+    assert dropped(output, remaining=5, target=4)
+    assert not dropped(output, remaining=4, target=4)
+
+
+def slime_rollout(dynamic_filter: Any, group: list[LocalSample], target: int, over: int) -> int:
+    """How many groups slime's rollout loop generates to fill `target` with a dynamic filter
+    and --over-sampling-batch-size `over` (slime/rollout/sglang_rollout.py,
+    `generate_rollout_async`, lines 400-442: a round of `over` groups whenever fewer than
+    `target` are left in flight; a dropped group leaves, a kept one joins the data), every
+    group coming back as `group`. Stops counting at 1,000: the rollout never ends."""
+    data, remaining, generated = 0, 0, 0
+    while data < target:
+        while remaining < target:
+            remaining += over
+            generated += over
+            if generated > 1000:
+                return generated
+        output = dynamic_filter(ARGS, group)
+        keep_anyway = output.keep_when_insufficient and remaining <= target
+        if not output.keep and not keep_anyway:
+            remaining -= 1
+            continue
+        data += 1
+    return generated
+
+
+@pytest.mark.parametrize("dynamic_filter", FILTERS)
+def test_sglang_refusing_every_request_cannot_make_the_rollout_sample_forever(
+    dynamic_filter: Any,
+) -> None:
+    """Every group aborted: dropped for being failed or uniform, slime sampled round after
+    round without end; the rollout now ends with what it has, and the run stops on its aborted
+    share (deepdive.aborts.log_rollout)."""
+    aborted = [sample(0.0, SampleStatus.ABORTED)] * 4
+    assert slime_rollout(dynamic_filter, aborted, target=4, over=8) == 8
+    assert slime_rollout(dynamic_filter, aborted, target=4, over=4) == 4
+    assert slime_rollout(drop_uniform_groups, [sample(1.0)] * 4, 4, 8) > 1000  # DAPO's own
 
 
 def test_the_buffer_filter_pops_live_groups_and_discards_dead_ones() -> None:

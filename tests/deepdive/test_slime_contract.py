@@ -5,6 +5,7 @@ the fully-async rollout). slime is not installable here; each test names the lin
 
 from __future__ import annotations
 
+import statistics
 from argparse import Namespace
 from typing import Any
 
@@ -160,3 +161,50 @@ async def test_modes_that_continue_aborted_episodes_are_refused_naming_the_flag(
     setattr(args, flag, value)
     with pytest.raises(ConfigError, match=named):
         await generate_with_tool(args, new_sample(), {"max_new_tokens": 16})
+
+
+def slime_loss_masks(samples: list[LocalSample]) -> list[list[int]]:
+    """The loss masks slime trains with (slime/ray/rollout.py, `_convert_samples_to_train_data`,
+    lines 671-683): the sample's own, or all ones; zeros where `remove_sample` is set."""
+    masks = []
+    for sample in samples:
+        mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
+        assert len(mask) == sample.response_length
+        masks.append([0] * sample.response_length if sample.remove_sample else list(mask))
+    return masks
+
+
+def slime_grpo_advantages(args: Namespace, group: list[LocalSample]) -> list[float]:
+    """slime's GRPO rewards for one group (slime/ray/rollout.py, `_post_process_rewards`,
+    lines 612-631, with rewards and std normalisation on, its defaults): every sample's reward,
+    aborted ones included, in the group's mean and std."""
+    rewards = [float(slime_reward_value(args, sample)) for sample in group]
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    return [(reward - mean) / (std + 1e-6) for reward in rewards]
+
+
+@pytest.mark.anyio
+async def test_an_aborted_episode_trains_no_token(services: dict[str, str]) -> None:
+    """A group of four: a correct answer, a wrong one, and two episodes SGLang refused after a
+    search. Each sample's push on the policy is its advantage times its masked tokens (the
+    per-sample masked sum, slime/backends/megatron_utils/cp_utils.py, lines 73-81): the
+    refused episodes used to carry advantage -0.5 on their search turn, trained as wrong
+    answers. Now their masks are zero: no gradient, whatever their advantage."""
+    refused = [ScriptedTurn(TURNS[0]), ScriptedTurn("", status=400, message="too long")]
+    finish = "Ilse Varen.\n" + format_tool_call("finish", {"answer": "Ilse Varen"})
+    wrong = format_tool_call("finish", {"answer": "Vorn"})
+    group = []
+    for script in ([ScriptedTurn(finish)], [ScriptedTurn(wrong)], refused, refused):
+        fake = FakeSGLang(list(script))
+        with serve_in_thread(fake.app()) as sglang:
+            args = make_args(sglang, services)
+            group.append(await generate_with_tool(args, new_sample(), {"max_new_tokens": 4096}))
+    args.reward_key = None
+    for sample, reward in zip(group[:2], await reward_func(args, group[:2]), strict=True):
+        sample.reward = reward  # slime asks the RM only for the samples not aborted
+    assert [s.status for s in group[2:]] == [SampleStatus.ABORTED] * 2
+    masks = slime_loss_masks(group)
+    pushes = [a * sum(m) for a, m in zip(slime_grpo_advantages(args, group), masks, strict=True)]
+    assert pushes[0] > 0 and pushes[1] < 0  # the answers train as before
+    assert pushes[2:] == [0.0, 0.0] and masks[2] == [0] * group[2].response_length
+    assert group[2].response_length > 0  # the search turn is still in the sample, untrained

@@ -202,6 +202,16 @@ def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str,
             ],
             "fully-async",
         ),
+        (
+            [
+                'slime.extra_args=["--rollout-function-path=slime.rollout.fully_async_rollout.generate_rollout_fully_async"]'
+            ],
+            "its worker thread only logs the hook's refusal",
+        ),
+        (
+            ['slime.extra_args=["--data-source-path", "my.source.Source"]'],
+            "--data-source-path my.source.Source: the launcher passes",
+        ),
         (['slime.extra_args=["--lr-warmup-fraction"]'], "--lr-warmup-fraction takes a value"),
         (['services.host="127.0.0.1"'], "services.host: an address the other nodes reach"),
         (['slime.model.ref_load=""'], "slime.model.ref_load: the reference torch_dist checkpoint"),

@@ -1,0 +1,184 @@
+"""Aborted episodes: why they aborted, in SGLang's own words, and kept out of training.
+
+An episode is ABORTED when SGLang refuses or fails a turn: a prompt longer than its context
+(HTTP 400), sampling it cannot do (`--rollout-top-p` < 1 without slime's SGLang patch), an
+engine that crashed or is unreachable, or slime aborting in-flight requests. What SGLang said
+is what a person needs to fix it, so it is kept in the sample's error (`metadata["deepdive"]
+["error"]`): the refused reply's message (SGLang answers `{"error": {"message": ...}}`,
+python/sglang/srt/entrypoints/http_server.py; a router may answer text), or the abort's
+`finish_reason.message`; on one line, capped, with every registered secret redacted.
+
+An aborted episode is not a wrong answer: it must not train as one (`keep_out_of_training`).
+Many of them say the infrastructure is failing, not the policy: each rollout's aborted count
+and share go to slime's rollout metrics, and a rollout with more than `max_aborted_share` of
+its episodes aborted stops the run with SGLang's words and the count (`log_rollout`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from deepdive.rollout_settings import arg_name, settings_from_args
+from deepdive.sample import status_name
+from services.exceptions import ServiceError, UpstreamBadResponse
+from services.http import UpstreamReply
+from services.logs import log_event, redact
+
+logger = logging.getLogger("deepdive.aborts")
+
+MESSAGE_CHARS = 1000  # an error that echoes the whole prompt stays readable and small
+_NOT_REFUSALS = frozenset({401, 402, 403, 429})  # the client's own rules: keys, rate limits
+
+
+def one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """`text` on one line (whitespace runs as one space), at most `limit` characters, secrets
+    redacted."""
+    flat = " ".join(redact(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _words(value: Any) -> str | None:
+    """The message in a decoded error body: SGLang's error.message, or a router's or a
+    framework's message / detail / error text (a few levels deep at most: a body nested a
+    thousand deep is read as text, never recursed into)."""
+    for _ in range(4):
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, dict):
+            return None
+        value = next((value[key] for key in ("error", "message", "detail") if value.get(key)), None)
+    return None
+
+
+def sglang_message(content: bytes) -> str:
+    """SGLang's own words in a refused reply's body: the message of its JSON error, else the
+    body as text. Never raises, whatever the bytes."""
+    try:
+        decoded = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        decoded = None
+    found = _words(decoded)
+    text = found if found is not None else content.decode("utf-8", errors="replace")
+    return one_line(text) or "(no message)"
+
+
+def sglang_refusal(reply: UpstreamReply) -> ServiceError | None:
+    """The SGLang client's reading of a 4xx (services.http's `classify_error`): the request
+    itself was refused, so retrying cannot help, and the error carries SGLang's message
+    (the generic rule keeps only the status). Keys (401-403) and rate limits (429) keep the
+    client's own rules; a 5xx is retried and named by its status."""
+    status = reply.status_code
+    if 400 <= status < 500 and status not in _NOT_REFUSALS:
+        return UpstreamBadResponse("sglang", f"HTTP {status}: {sglang_message(reply.content)}")
+    return None
+
+
+def abort_reason(finish_reason: Any) -> str:
+    """Why SGLang aborted a turn (its `finish_reason.message`, when it gave one)."""
+    message = finish_reason.get("message") if isinstance(finish_reason, dict) else None
+    return f"sglang aborted: {one_line(str(message))}" if message else "sglang aborted"
+
+
+def keep_out_of_training(sample: Any) -> None:
+    """An aborted episode is no answer: no token of it trains. slime zeroes the loss mask of a
+    sample with `remove_sample` set (slime/ray/rollout.py, lines 680-681) and a zero mask adds
+    nothing to the loss (slime/backends/megatron_utils/cp_utils.py, lines 73-81); the mask is
+    zeroed here too, so the exclusion holds where `remove_sample` is not read (a custom
+    --custom-convert-samples-to-train-data-path, the local trainer). Its reward, 0, still
+    enters its group's mean (slime/utils/arguments.py, lines 1433-1437): deepdive.filters drops
+    such a group when the over-sampled batch has one to spare."""
+    sample.remove_sample = True
+    sample.loss_mask = [0] * sample.response_length
+
+
+class RolloutAborted(RuntimeError):
+    """More of a rollout's episodes aborted than `max_aborted_share` allows: SGLang is
+    refusing or failing requests, and training on what is left would hide it."""
+
+
+def _flat(samples: Iterable[Any]) -> list[Any]:
+    found: list[Any] = []
+    for item in samples:
+        found.extend(_flat(item) if isinstance(item, list) else [item])
+    return found
+
+
+def aborted_errors(samples: list[Any]) -> Counter[str]:
+    """How many aborted episodes ended on each error (the hook's stored error)."""
+    errors: Counter[str] = Counter()
+    for sample in samples:
+        if status_name(sample) == "ABORTED":
+            metadata = getattr(sample, "metadata", None)
+            stats = metadata.get("deepdive") if isinstance(metadata, dict) else None
+            error = stats.get("error") if isinstance(stats, dict) else None
+            errors[str(error or "no error recorded")] += 1
+    return errors
+
+
+def check_aborted_share(
+    samples: list[Any], limit: float, rollout_id: int, eval_set: str | None = None
+) -> int:
+    """The number of `samples` that aborted; logged when any did. Raises RolloutAborted when
+    their share is above `limit`, naming the count and what SGLang said, most often first."""
+    errors = aborted_errors(samples)
+    aborted = sum(errors.values())
+    if not aborted:
+        return 0
+    share = aborted / len(samples)
+    log_event(
+        logger,
+        "rollout_aborted",
+        logging.WARNING,
+        rollout=rollout_id,
+        eval_set=eval_set,
+        aborted=aborted,
+        samples=len(samples),
+        share=round(share, 4),
+        error=errors.most_common(1)[0][0],
+    )
+    if share > limit:
+        what = f"eval {eval_set} at rollout {rollout_id}" if eval_set else f"rollout {rollout_id}"
+        said = "; ".join(f"[{count}x] {error}" for error, count in errors.most_common(3))
+        raise RolloutAborted(
+            f"{what}: {aborted} of {len(samples)} episodes ABORTED ({share:.0%}), more than "
+            f"{arg_name('max_aborted_share')} = {limit:g} allows; SGLang failed them, not the "
+            f"policy. SGLang said: {said}. Check SGLang's log; a context too long for the "
+            "model (slime.rollout.max_context_len against the model's and "
+            "slime.sglang.context_length), --rollout-top-p below 1 on an SGLang without "
+            "slime's patch, an engine that died. The limit is slime.deepdive.max_aborted_share."
+        )
+    return aborted
+
+
+def log_rollout(
+    rollout_id: int, args: Any, samples: list[Any], metrics: Any, rollout_time: float
+) -> bool:
+    """--custom-rollout-log-function-path: slime calls it with each rollout's samples before
+    it logs them and before they train (slime/observability/rollout_metrics.py, lines
+    256-260, from slime/ray/rollout.py, line 506, in RolloutManager.generate, whose error
+    train.py's ray.get raises: train.py, line 53). The aborted count and share join the
+    rollout's metrics, which slime logs next (lines 265-271); returns False so it does."""
+    flat = _flat(samples)
+    limit = settings_from_args(args).max_aborted_share
+    aborted = sum(aborted_errors(flat).values())
+    if isinstance(metrics, dict):
+        metrics["rollout/deepdive/aborted"] = aborted
+        metrics["rollout/deepdive/aborted_ratio"] = aborted / len(flat) if flat else 0.0
+    check_aborted_share(flat, limit, rollout_id)
+    return False
+
+
+def log_eval_rollout(rollout_id: int, args: Any, data: Any, extra_metrics: Any) -> bool:
+    """--custom-eval-rollout-log-function-path: the same rule for each evaluation set
+    (slime/observability/rollout_metrics.py, lines 223-227): an eval mostly aborted measures
+    SGLang, not the policy. Returns False: slime logs the evaluation as usual."""
+    limit = settings_from_args(args).max_aborted_share
+    for name, result in (data or {}).items():
+        samples = _flat(result.get("samples") or []) if isinstance(result, dict) else []
+        check_aborted_share(samples, limit, rollout_id, str(name))
+    return False

@@ -1,0 +1,337 @@
+"""Aborted episodes against a fake SGLang that refuses, fails or aborts, the real tool and
+reward servers on loopback: what SGLang said is kept in the sample's error (redacted, on one
+line, bounded), and nothing SGLang sends back raises out of the rollout."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from argparse import Namespace
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deepdive.aborts import MESSAGE_CHARS, RolloutAborted, sglang_message
+from deepdive.clients import close_clients
+from deepdive.protocol import format_tool_call
+from deepdive.rollout import generate_with_tool
+from deepdive.rollout_settings import EVAL_LOG_FUNCTION_PATH, ROLLOUT_LOG_FUNCTION_PATH
+from deepdive.sample import LocalSample, SampleStatus
+from fakes.sglang import FakeSGLang, ScriptedTurn
+from services.logs import register_secret
+from tests.helpers import make_args, new_sample, serve_in_thread
+
+# the rollout's pooled clients belong to each test's event loop: closed after each test
+episode_test = pytest.mark.usefixtures("rollout_clients")
+
+SEARCH = format_tool_call("search", {"query": "silver orrery Haldor"})
+FINISH = format_tool_call("finish", {"answer": "Ilse Varen"})
+# SGLang's refusal of a prompt longer than the served context (HTTP 400, its error JSON)
+TOO_LONG = (
+    "Requested token count exceeds the model's maximum context length of 32768 tokens. "
+    "You requested a total of 40123 tokens: 39000 tokens from the input messages and 1123 "
+    "tokens for the completion. Please reduce the number of tokens in the input messages or "
+    "the completion to fit within the limit."
+)
+
+
+async def play(
+    script: list[ScriptedTurn], services: dict[str, str], **extra: Any
+) -> tuple[LocalSample, FakeSGLang]:
+    fake = FakeSGLang(script)
+    retries = extra.pop("retries", 0)
+    with serve_in_thread(fake.app()) as sglang:
+        args = make_args(sglang, services, **extra)
+        args.deepdive_retries = retries  # make_args sets none
+        sample = await generate_with_tool(args, new_sample(), {"max_new_tokens": 4096})
+    return sample, fake
+
+
+def error_of(sample: LocalSample) -> str:
+    error = sample.metadata["deepdive"]["error"]
+    assert isinstance(error, str)
+    return error
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_sglangs_refusal_is_kept_in_the_samples_error(
+    services: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The stored error was "sglang: HTTP 400 (request refused)": SGLang's reason was dropped,
+    # and the episode's one trace was an INFO line.
+    with caplog.at_level(logging.INFO, logger="deepdive.rollout"):
+        sample, fake = await play(
+            [ScriptedTurn(SEARCH), ScriptedTurn("", status=400, message=TOO_LONG)], services
+        )
+        routine, _ = await play([ScriptedTurn("", "abort")], services)  # slime's own abort
+    assert sample.status is SampleStatus.ABORTED
+    assert error_of(sample) == f"sglang: HTTP 400: {TOO_LONG}"
+    assert len(fake.requests) == 2  # a refusal is not retried (retries would not help)
+    levels = {r.getMessage().split(" session=")[1].split()[0]: r.levelno for r in caplog.records}
+    assert levels == {sample.session_id: logging.WARNING, routine.session_id: logging.INFO}
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_a_refusal_is_not_retried_even_with_retries(services: dict[str, str]) -> None:
+    script = [ScriptedTurn("", status=400, message=TOO_LONG), ScriptedTurn(SEARCH)]
+    sample, fake = await play(script, services, retries=3)
+    assert sample.status is SampleStatus.ABORTED and len(fake.requests) == 1
+    assert TOO_LONG in error_of(sample)
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_a_routers_text_answer_is_kept_too(services: dict[str, str]) -> None:
+    body = b"No healthy worker available for model: all 4 workers failed the health check"
+    sample, _ = await play([ScriptedTurn("", status=422, body=body)], services)
+    assert error_of(sample) == f"sglang: HTTP 422: {body.decode()}"
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_a_crashed_engine_behind_the_router_is_named_by_its_status(
+    services: dict[str, str],
+) -> None:
+    sample, fake = await play(
+        [ScriptedTurn("", status=502, body=b"upstream died")] * 2,
+        services,
+        retries=1,
+    )
+    assert sample.status is SampleStatus.ABORTED
+    assert error_of(sample) == "sglang: HTTP 502 after 2 attempts"  # 5xx: retried first
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_the_message_of_sglangs_own_abort_is_kept(services: dict[str, str]) -> None:
+    script = [ScriptedTurn(SEARCH), ScriptedTurn("", "abort", message="Abort in waiting queue")]
+    sample, _ = await play(script, services)
+    assert sample.status is SampleStatus.ABORTED
+    assert error_of(sample) == "sglang aborted: Abort in waiting queue"
+    bare, _ = await play([ScriptedTurn("", "abort")], services)
+    assert error_of(bare) == "sglang aborted"
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_secrets_in_sglangs_message_are_redacted_and_it_stays_one_bounded_line(
+    services: dict[str, str],
+) -> None:
+    secret = "sk-deepdive-test-7f3a9c1e"
+    register_secret(secret)
+    message = f"bad header Authorization: Bearer {secret}\n\n" + "x" * 5000
+    sample, _ = await play([ScriptedTurn("", status=400, message=message)], services)
+    error = error_of(sample)
+    assert secret not in error and "Bearer ***" in error
+    assert "\n" not in error and len(error) <= len("sglang: HTTP 400: ") + MESSAGE_CHARS
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (orjson.dumps({"error": {"message": "too long"}}), "too long"),  # SGLang's shape
+        (orjson.dumps({"error": "too long"}), "too long"),
+        (orjson.dumps({"message": "too long"}), "too long"),
+        (orjson.dumps({"detail": "Not Found"}), "Not Found"),
+        (orjson.dumps({"detail": [{"loc": ["body"], "msg": "field required"}]}), '{"detail":'),
+        (b"Bad Request", "Bad Request"),
+        (b"", "(no message)"),
+        (b"\xff\xfe not utf-8", "\ufffd\ufffd not utf-8"),
+    ],
+)
+def test_sglang_message_reads_the_shapes_an_error_body_comes_in(body: bytes, words: str) -> None:
+    assert sglang_message(body).startswith(words)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["error", "message", "detail", "x"]), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+ERROR_BODIES = st.one_of(st.binary(max_size=3000), JSON.map(lambda v: json.dumps(v).encode()))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(body=ERROR_BODIES)
+def test_sglang_message_never_raises_and_stays_one_bounded_line(body: bytes) -> None:
+    words = sglang_message(body)
+    assert words and "\n" not in words and len(words) <= MESSAGE_CHARS
+
+
+def test_a_body_nested_a_thousand_deep_is_read_as_text() -> None:
+    body = b'{"error": ' * 1000 + b'"deep"' + b"}" * 1000
+    assert sglang_message(body).startswith('{"error":')
+
+
+def test_nothing_sglang_answers_raises_out_of_the_rollout(services: dict[str, str]) -> None:
+    """Any status, any body, any abort message: the episode ends ABORTED (or, for a 2xx, as
+    the body allows), with its arrays consistent and its error a bounded line."""
+    fake = FakeSGLang([])
+    with serve_in_thread(fake.app()) as sglang:
+
+        @settings(
+            max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None
+        )
+        @given(
+            status=st.sampled_from([400, 404, 413, 422, 500, 503]),
+            body=st.binary(max_size=2000),
+            message=st.text(max_size=300),
+        )
+        def check(status: int, body: bytes, message: str) -> None:
+            async def run() -> None:
+                args = make_args(sglang, services)
+                for turn in (
+                    ScriptedTurn("", status=status, body=body),
+                    ScriptedTurn("", "abort", message=message),
+                ):
+                    fake.script[:] = [turn]
+                    sample = await generate_with_tool(args, new_sample(), {"max_new_tokens": 64})
+                    assert sample.status is SampleStatus.ABORTED
+                    error = error_of(sample)
+                    assert "\n" not in error and len(error) <= 60 + MESSAGE_CHARS
+                    assert len(sample.loss_mask or []) == sample.response_length
+                await close_clients()
+
+            anyio.run(run)
+
+        check()
+
+
+# -- each rollout's aborted episodes, counted, and the run stopped when they are too many ----
+
+
+def load_function(path: str) -> Any:
+    """slime/utils/misc.py, `load_function`, lines 39-48."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def slime_log_rollout_data(
+    rollout_id: int, args: Namespace, samples: list[Any], extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What slime does with a rollout before it trains on it (slime/observability/
+    rollout_metrics.py, `log_rollout_data`, lines 256-271): the custom function first, which
+    skips the rest by answering True; then the rollout's extra metrics are logged, with
+    slime's own. An exception goes up through RolloutManager.generate (slime/ray/rollout.py,
+    line 506) to train.py's ray.get (train.py, line 53): the run stops."""
+    custom = load_function(args.custom_rollout_log_function_path)
+    if custom(rollout_id, args, samples, extra, 12.5):
+        return {}
+    return {**(extra or {})}
+
+
+def slime_log_eval_rollout_data(rollout_id: int, args: Namespace, data: dict[str, Any]) -> None:
+    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-227 (its
+    extra metrics are None after slime's own eval rollout, lines 476-486)."""
+    load_function(args.custom_eval_rollout_log_function_path)(rollout_id, args, data, None)
+
+
+async def rollout_of(
+    services: dict[str, str], refused: int, answered: int, **extra: Any
+) -> tuple[list[LocalSample], Namespace]:
+    """A rollout's samples: `refused` episodes SGLang refused after a search (HTTP 400), and
+    `answered` that finished; with the args the launcher gives slime (its log functions)."""
+    samples = []
+    for _ in range(refused):
+        script = [ScriptedTurn(SEARCH), ScriptedTurn("", status=400, message=TOO_LONG)]
+        samples.append((await play(script, services))[0])
+    for _ in range(answered):
+        samples.append((await play([ScriptedTurn(FINISH)], services))[0])
+    args = make_args("http://127.0.0.1:9", services, **extra)
+    args.custom_rollout_log_function_path = ROLLOUT_LOG_FUNCTION_PATH
+    args.custom_eval_rollout_log_function_path = EVAL_LOG_FUNCTION_PATH
+    return samples, args
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_a_rollout_mostly_aborted_stops_the_run_with_sglangs_words_and_the_count(
+    services: dict[str, str],
+) -> None:
+    # It trained: every refused episode a wrong answer, one INFO line each.
+    samples, args = await rollout_of(services, refused=3, answered=1)
+    with pytest.raises(RolloutAborted) as stopped:
+        slime_log_rollout_data(7, args, samples, {})
+    message = str(stopped.value)
+    assert message.startswith("rollout 7: 3 of 4 episodes ABORTED (75%)")
+    assert f"SGLang said: [3x] sglang: HTTP 400: {TOO_LONG}." in message
+    assert "deepdive_max_aborted_share = 0.5" in message
+    assert "slime.deepdive.max_aborted_share" in message
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
+    services: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    samples, args = await rollout_of(services, refused=1, answered=3)
+    with caplog.at_level(logging.WARNING, logger="deepdive.aborts"):
+        logged = slime_log_rollout_data(3, args, samples, {"rollout/dynamic_filter/drop_x": 2})
+    assert logged == {
+        "rollout/dynamic_filter/drop_x": 2,  # slime's own, kept
+        "rollout/deepdive/aborted": 1,
+        "rollout/deepdive/aborted_ratio": 0.25,
+    }
+    [record] = [r for r in caplog.records if r.name == "deepdive.aborts"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith("rollout_aborted rollout=3 ")
+    assert "aborted=1 samples=4 share=0.25 error=" in record.getMessage()
+    clean = slime_log_rollout_data(4, args, samples[1:], {})
+    assert clean == {"rollout/deepdive/aborted": 0, "rollout/deepdive/aborted_ratio": 0.0}
+    assert slime_log_rollout_data(5, args, [], None) == {}  # nothing to count, no crash
+
+
+@pytest.mark.anyio
+@episode_test
+@pytest.mark.parametrize(
+    ("refused", "answered", "share", "stops"),
+    [
+        (2, 2, 0.5, False),  # exactly the share: not above it
+        (3, 1, 0.8, False),
+        (1, 3, 0.0, True),  # 0: any aborted episode stops the run
+        (4, 0, 1.0, False),  # 1: never
+    ],
+)
+async def test_the_share_that_stops_the_run_is_a_setting(
+    services: dict[str, str], refused: int, answered: int, share: float, stops: bool
+) -> None:
+    samples, args = await rollout_of(services, refused, answered, max_aborted_share=share)
+    if stops:
+        with pytest.raises(RolloutAborted):
+            slime_log_rollout_data(1, args, samples, {})
+    else:
+        slime_log_rollout_data(1, args, samples, {})
+
+
+@pytest.mark.anyio
+@episode_test
+async def test_an_evaluation_mostly_aborted_stops_the_run_too(services: dict[str, str]) -> None:
+    samples, args = await rollout_of(services, refused=3, answered=1)
+    data = {"bc": {"rewards": [0.0, 0.0, 0.0, 1.0], "samples": samples}}
+    with pytest.raises(RolloutAborted, match=r"^eval bc at rollout 2: 3 of 4 episodes ABORTED"):
+        slime_log_eval_rollout_data(2, args, data)
+    slime_log_eval_rollout_data(2, args, {"bc": {"rewards": [1.0], "samples": samples[3:]}})
+
+
+def test_samples_aborted_elsewhere_are_counted_whatever_their_metadata() -> None:
+    """slime's own aborts, another hook's samples: no error of ours recorded, still counted."""
+    odd = [
+        LocalSample(status=SampleStatus.ABORTED),
+        LocalSample(status=SampleStatus.ABORTED, metadata={"deepdive": "not a dict"}),
+        LocalSample(status=SampleStatus.ABORTED, metadata=None),  # type: ignore[arg-type]
+        LocalSample(status=SampleStatus.COMPLETED),
+    ]
+    args = make_args("http://127.0.0.1:9", {"tools": "http://t", "reward": "http://r"})
+    with pytest.raises(RolloutAborted, match=r"\[3x\] no error recorded"):
+        load_function(ROLLOUT_LOG_FUNCTION_PATH)(0, args, [odd], {}, 1.0)  # nested: flattened

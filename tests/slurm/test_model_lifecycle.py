@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import orjson
@@ -17,11 +18,6 @@ import tomli_w
 from services.exceptions import ConfigError
 from slurm.conversion import ConversionFailed, run_to_folder
 from tests.helpers import DEEPDIVE, TINY_JOB
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "deepdive-qwen.toml"

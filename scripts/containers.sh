@@ -3,8 +3,9 @@
 # `ci-container` and `pin-images` run).
 #
 #   scripts/containers.sh context     fill containers/build: the project as committed (git
-#                                     archive HEAD), its lock, the torch wheel, extra CA
-#                                     certificates (EXTRA_CA_DIR, a corporate proxy), build args
+#                                     archive HEAD), its lock, extra CA certificates
+#                                     (EXTRA_CA_DIR, a corporate proxy), build args, and the CPU
+#                                     image's torch wheel (pip download, with $PYTHON)
 #   scripts/containers.sh cpu         the CPU image with podman (BASE: pins.env, or
 #                                     BASE=localhost/… for a locally built one); OCI archive
 #   scripts/containers.sh ci          the container CI: a Debian 12 base with debootstrap (no
@@ -28,7 +29,12 @@ BUILD=$ROOT/containers/build
 CACHE=${DEEPDIVE_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deepdive-ci}
 RESULTS=${CI_RESULTS:-$ROOT/containers/build/results}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/containers/podman/containers.conf}
-PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+# only the CPU image's torch wheel needs Python (pip download): the project's venv when there is
+# one, else the host's python3; the training image's build needs none (a fresh build host)
+if [[ -z ${PYTHON:-} ]]; then
+  PYTHON=python3
+  [[ -x $ROOT/.venv/bin/python ]] && PYTHON=$ROOT/.venv/bin/python
+fi
 stamp() { printf '%(%H:%M:%S)T %s\n' -1 "$*"; }
 
 need() {  # need COMMAND PACKAGE: install PACKAGE (as root) when COMMAND is missing
@@ -40,11 +46,10 @@ digest() {  # a short hash of files, to tag what was built from them
   cat "$@" | sha256sum | cut -c1-16
 }
 
-context() {
+context() {  # what both images are built from (no Python needed)
   rm -rf "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
   mkdir -p "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
   git archive HEAD | tar -x -C "$BUILD/project"
-  "$PYTHON" -m pip download --quiet --no-deps -d "$BUILD/wheels" "$TORCH_CPU"
   if [[ -n ${EXTRA_CA_DIR:-} ]]; then
     cp "$EXTRA_CA_DIR"/*.crt "$BUILD/ca/"  # the builder stage only
   fi
@@ -57,12 +62,17 @@ context() {
     "$MEGATRON_COMMIT" "$SGLANG_VERSION" "$revision" "$lock" > "$BUILD/train.args"
 }
 
+cpu_context() {  # the context and the CPU image's torch wheel
+  context
+  "$PYTHON" -m pip download --quiet --no-deps -d "$BUILD/wheels" "$TORCH_CPU"
+}
+
 cpu() {  # cpu [BASE]: the CPU image, tagged by what built it; prints the tag
   need podman podman
   local base=${1:-${BASE:-$CPU_BASE_TAG@$CPU_BASE_DIGEST}}
   local tag; tag="localhost/deepdive-cpu:$(echo "$base" | cat - containers/Containerfile.cpu requirements.lock <(git rev-parse HEAD) | sha256sum | cut -c1-16)"
   if ! podman image exists "$tag"; then
-    context >&2
+    cpu_context >&2
     podman build --quiet -f containers/Containerfile.cpu --build-arg "BASE=$base" \
       --build-arg "REVISION=$(git rev-parse HEAD)" \
       --build-arg "LOCK_SHA256=$(sha256sum requirements.lock | cut -d' ' -f1)" \
@@ -181,7 +191,7 @@ pin() {
 }
 
 case "${1:-}" in
-  context) context ;;
+  context) cpu_context ;;
   cpu)
     image=$(cpu "${2:-}")
     name=$(sif "$image" "$BUILD/sif")

@@ -167,3 +167,59 @@ def test_install_from_lock_reads_every_pin_with_its_hashes() -> None:
     assert all(
         hashes and all(h.startswith("--hash=sha256:") for h in hashes) for *_, hashes in found
     )
+
+
+# A stand-in for Apptainer (not installable on this host; the container CI runs the real one
+# inside podman): it records how it was called and what the build context held at that moment.
+FAKE_APPTAINER = """#!/bin/sh
+{ echo "argv: $*"; echo "cwd: $(pwd)"
+  test -f containers/build/project/pyproject.toml && echo "project: yes"
+  test -f containers/build/train.args && sed 's/^/args: /' containers/build/train.args
+} > "$APPTAINER_RECORD"
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or shutil.which("make") is None,
+    reason="needs git and make (the build host's tools)",
+)
+def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) -> None:
+    """`make image` on a machine that never ran `make setup`: no .venv, no PYTHON, nothing but
+    git, make and Apptainer on PATH. The training image's context needs no Python (the torch
+    wheel is the CPU image's only)."""
+    checkout = tmp_path / "checkout"
+    for name in (
+        "Makefile", "pyproject.toml", "requirements.lock", "README.md",
+        "scripts/containers.sh", "scripts/apt-install.sh", "containers/train.def",
+        "containers/install_from_lock.py", "containers/pins.env",
+    ):  # fmt: skip
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, checkout / name)
+    pinned = (checkout / "containers" / "pins.env").read_text()
+    digest = "sha256:" + "0" * 64  # as `make pin-images` would write it
+    (checkout / "containers" / "pins.env").write_text(
+        re.sub(r"^TRAIN_BASE_DIGEST=.*$", f"TRAIN_BASE_DIGEST={digest}", pinned, flags=re.M)
+    )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(checkout)]
+    subprocess.run([*git[:5], "init", "-q", str(checkout)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "fresh"], check=True)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "apptainer").write_text(FAKE_APPTAINER)
+    (tools / "apptainer").chmod(0o755)
+    record = tmp_path / "apptainer.txt"
+    result = subprocess.run(
+        ["make", "-C", str(checkout), "image"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "APPTAINER_RECORD": str(record)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (checkout / ".venv").exists()
+    lines = record.read_text().splitlines()
+    build = checkout / "containers" / "build"
+    assert lines[0] == (
+        f"argv: build --build-arg-file {build}/train.args deepdive-train.sif containers/train.def"
+    )
+    assert "project: yes" in lines
+    assert f"args: TRAIN_BASE={pins()['TRAIN_BASE_TAG']}@{digest}" in lines

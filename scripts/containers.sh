@@ -46,6 +46,10 @@ digest() {  # a short hash of files, to tag what was built from them
   cat "$@" | sha256sum | cut -c1-16
 }
 
+version() {  # the project's version (pyproject.toml), the images' version label
+  sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1
+}
+
 context() {  # what both images are built from (no Python needed)
   rm -rf "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
   mkdir -p "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
@@ -55,11 +59,12 @@ context() {  # what both images are built from (no Python needed)
   fi
   local lock; lock=$(sha256sum requirements.lock | cut -d' ' -f1)
   local revision; revision=$(git rev-parse HEAD)
-  printf 'CPU_BASE=%s\nREVISION=%s\nLOCK_SHA256=%s\nTORCH=%s\n' \
-    "${BASE:-$CPU_BASE_TAG@$CPU_BASE_DIGEST}" "$revision" "$lock" "$TORCH_CPU" > "$BUILD/cpu.args"
-  printf 'TRAIN_BASE=%s\nSLIME_REPOSITORY=%s\nSLIME_COMMIT=%s\nMEGATRON_REPOSITORY=%s\nMEGATRON_COMMIT=%s\nSGLANG_VERSION=%s\nREVISION=%s\nLOCK_SHA256=%s\n' \
+  local version; version=$(version)
+  printf 'CPU_BASE=%s\nREVISION=%s\nVERSION=%s\nLOCK_SHA256=%s\nTORCH=%s\n' \
+    "${BASE:-$CPU_BASE_TAG@$CPU_BASE_DIGEST}" "$revision" "$version" "$lock" "$TORCH_CPU" > "$BUILD/cpu.args"
+  printf 'TRAIN_BASE=%s\nSLIME_REPOSITORY=%s\nSLIME_COMMIT=%s\nMEGATRON_REPOSITORY=%s\nMEGATRON_COMMIT=%s\nSGLANG_VERSION=%s\nREVISION=%s\nVERSION=%s\nLOCK_SHA256=%s\n' \
     "$TRAIN_BASE_TAG@$TRAIN_BASE_DIGEST" "$SLIME_REPOSITORY" "$SLIME_COMMIT" "$MEGATRON_REPOSITORY" \
-    "$MEGATRON_COMMIT" "$SGLANG_VERSION" "$revision" "$lock" > "$BUILD/train.args"
+    "$MEGATRON_COMMIT" "$SGLANG_VERSION" "$revision" "$version" "$lock" > "$BUILD/train.args"
 }
 
 cpu_context() {  # the context and the CPU image's torch wheel
@@ -74,7 +79,7 @@ cpu() {  # cpu [BASE]: the CPU image, tagged by what built it; prints the tag
   if ! podman image exists "$tag"; then
     cpu_context >&2
     podman build --quiet -f containers/Containerfile.cpu --build-arg "BASE=$base" \
-      --build-arg "REVISION=$(git rev-parse HEAD)" \
+      --build-arg "REVISION=$(git rev-parse HEAD)" --build-arg "VERSION=$(version)" \
       --build-arg "LOCK_SHA256=$(sha256sum requirements.lock | cut -d' ' -f1)" \
       -t "$tag" "$BUILD" >&2
   fi

@@ -29,6 +29,11 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the sbatch script and the training command; submit nothing",
     )
+    parser.add_argument(
+        "--allow-image-mismatch",
+        action="store_true",
+        help="submit although container.image was built from other code than this launcher's",
+    )
 
 
 def run_submit(args: argparse.Namespace) -> None:
@@ -44,6 +49,12 @@ def run_submit(args: argparse.Namespace) -> None:
         from slurm.slime_checks import check_slime
 
         check_slime(config)
+    if config.container.image:
+        from slurm.image_labels import check_image
+
+        check_image(
+            config.container.apptainer, config.container.image, args.allow_image_mismatch, warn
+        )
     run = RunFolder(config.folder)
     backend = build_backend(config)
     if args.dry_run:
@@ -71,6 +82,10 @@ def run_submit(args: argparse.Namespace) -> None:
     print(f"  node logs   {run.attempts}/{job_id}-0/node-K.log")
     print(f"  status      deepdive status {run.root}")
     print(f"  logs        deepdive logs {run.root} --node 0 --follow")
+
+
+def warn(message: str) -> None:
+    print(f"deepdive: warning: {message}", file=sys.stderr)
 
 
 # What a slime run's checkpoints fix: another model or layout cannot load them.

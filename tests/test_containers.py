@@ -65,6 +65,8 @@ def test_each_apptainer_definition_has_its_sections(name: str, base: str) -> Non
     )
     assert "exec deepdive" in found["runscript"]
     assert "{{ LOCK_SHA256 }}" in found["labels"] and "{{ REVISION }}" in found["labels"]
+    # what `deepdive submit` compares with the launcher (slurm/image_labels.py)
+    assert "org.opencontainers.image.version {{ VERSION }}" in found["labels"]
 
 
 def test_the_training_image_labels_every_pin_and_tests_what_it_holds() -> None:
@@ -230,6 +232,8 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
     )
     assert "project: yes" in lines
     assert f"args: TRAIN_BASE={pins()['TRAIN_BASE_TAG']}@{digest}" in lines
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"args: VERSION={version}" in lines  # the label submit compares
 
 
 # The training image (containers/train.def) as far as a CPU host can check it: it is slime's own

@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml requirements.lock
 lock:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet uv
-	$(BIN)/uv pip compile pyproject.toml $(EXTRAS) --universal --generate-hashes --python-version 3.10 -o requirements.lock
+	$(BIN)/uv pip compile pyproject.toml $(EXTRAS) --universal --generate-hashes --python-version 3.11 -o requirements.lock
 
 lint: setup
 	$(BIN)/ruff check .

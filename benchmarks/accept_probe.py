@@ -22,7 +22,7 @@ async def first_byte(host: str, port: int, timeout_s: float) -> float:
     started = time.perf_counter()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return float("inf")
     request = (
         f"POST /tool HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -32,7 +32,7 @@ async def first_byte(host: str, port: int, timeout_s: float) -> float:
         writer.write(request)
         await asyncio.wait_for(reader.read(1), timeout_s)
         return (time.perf_counter() - started) * 1000
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return float("inf")
     finally:
         writer.close()

@@ -3,8 +3,9 @@
 # `ci-container` and `pin-images` run).
 #
 #   scripts/containers.sh context     fill containers/build: the project as committed (git
-#                                     archive HEAD), its lock, the torch wheel, extra CA
-#                                     certificates (EXTRA_CA_DIR, a corporate proxy), build args
+#                                     archive HEAD), its lock, extra CA certificates
+#                                     (EXTRA_CA_DIR, a corporate proxy), build args, and the CPU
+#                                     image's torch wheel (pip download, with $PYTHON)
 #   scripts/containers.sh cpu         the CPU image with podman (BASE: pins.env, or
 #                                     BASE=localhost/… for a locally built one); OCI archive
 #   scripts/containers.sh ci          the container CI: a Debian 12 base with debootstrap (no
@@ -28,7 +29,12 @@ BUILD=$ROOT/containers/build
 CACHE=${DEEPDIVE_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deepdive-ci}
 RESULTS=${CI_RESULTS:-$ROOT/containers/build/results}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/containers/podman/containers.conf}
-PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+# only the CPU image's torch wheel needs Python (pip download): the project's venv when there is
+# one, else the host's python3; the training image's build needs none (a fresh build host)
+if [[ -z ${PYTHON:-} ]]; then
+  PYTHON=python3
+  [[ -x $ROOT/.venv/bin/python ]] && PYTHON=$ROOT/.venv/bin/python
+fi
 stamp() { printf '%(%H:%M:%S)T %s\n' -1 "$*"; }
 
 need() {  # need COMMAND PACKAGE: install PACKAGE (as root) when COMMAND is missing
@@ -40,21 +46,30 @@ digest() {  # a short hash of files, to tag what was built from them
   cat "$@" | sha256sum | cut -c1-16
 }
 
-context() {
+version() {  # the project's version (pyproject.toml), the images' version label
+  sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1
+}
+
+context() {  # what both images are built from (no Python needed)
   rm -rf "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
   mkdir -p "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
   git archive HEAD | tar -x -C "$BUILD/project"
-  "$PYTHON" -m pip download --quiet --no-deps -d "$BUILD/wheels" "$TORCH_CPU"
   if [[ -n ${EXTRA_CA_DIR:-} ]]; then
     cp "$EXTRA_CA_DIR"/*.crt "$BUILD/ca/"  # the builder stage only
   fi
   local lock; lock=$(sha256sum requirements.lock | cut -d' ' -f1)
   local revision; revision=$(git rev-parse HEAD)
-  printf 'CPU_BASE=%s\nREVISION=%s\nLOCK_SHA256=%s\nTORCH=%s\n' \
-    "${BASE:-$CPU_BASE_TAG@$CPU_BASE_DIGEST}" "$revision" "$lock" "$TORCH_CPU" > "$BUILD/cpu.args"
-  printf 'TRAIN_BASE=%s\nSLIME_REPOSITORY=%s\nSLIME_COMMIT=%s\nMEGATRON_REPOSITORY=%s\nMEGATRON_COMMIT=%s\nSGLANG_VERSION=%s\nREVISION=%s\nLOCK_SHA256=%s\n' \
+  local version; version=$(version)
+  printf 'CPU_BASE=%s\nREVISION=%s\nVERSION=%s\nLOCK_SHA256=%s\nTORCH=%s\n' \
+    "${BASE:-$CPU_BASE_TAG@$CPU_BASE_DIGEST}" "$revision" "$version" "$lock" "$TORCH_CPU" > "$BUILD/cpu.args"
+  printf 'TRAIN_BASE=%s\nSLIME_REPOSITORY=%s\nSLIME_COMMIT=%s\nMEGATRON_REPOSITORY=%s\nMEGATRON_COMMIT=%s\nSGLANG_VERSION=%s\nREVISION=%s\nVERSION=%s\nLOCK_SHA256=%s\n' \
     "$TRAIN_BASE_TAG@$TRAIN_BASE_DIGEST" "$SLIME_REPOSITORY" "$SLIME_COMMIT" "$MEGATRON_REPOSITORY" \
-    "$MEGATRON_COMMIT" "$SGLANG_VERSION" "$revision" "$lock" > "$BUILD/train.args"
+    "$MEGATRON_COMMIT" "$SGLANG_VERSION" "$revision" "$version" "$lock" > "$BUILD/train.args"
+}
+
+cpu_context() {  # the context and the CPU image's torch wheel
+  context
+  "$PYTHON" -m pip download --quiet --no-deps -d "$BUILD/wheels" "$TORCH_CPU"
 }
 
 cpu() {  # cpu [BASE]: the CPU image, tagged by what built it; prints the tag
@@ -62,9 +77,9 @@ cpu() {  # cpu [BASE]: the CPU image, tagged by what built it; prints the tag
   local base=${1:-${BASE:-$CPU_BASE_TAG@$CPU_BASE_DIGEST}}
   local tag; tag="localhost/deepdive-cpu:$(echo "$base" | cat - containers/Containerfile.cpu requirements.lock <(git rev-parse HEAD) | sha256sum | cut -c1-16)"
   if ! podman image exists "$tag"; then
-    context >&2
+    cpu_context >&2
     podman build --quiet -f containers/Containerfile.cpu --build-arg "BASE=$base" \
-      --build-arg "REVISION=$(git rev-parse HEAD)" \
+      --build-arg "REVISION=$(git rev-parse HEAD)" --build-arg "VERSION=$(version)" \
       --build-arg "LOCK_SHA256=$(sha256sum requirements.lock | cut -d' ' -f1)" \
       -t "$tag" "$BUILD" >&2
   fi
@@ -181,7 +196,7 @@ pin() {
 }
 
 case "${1:-}" in
-  context) context ;;
+  context) cpu_context ;;
   cpu)
     image=$(cpu "${2:-}")
     name=$(sif "$image" "$BUILD/sif")

@@ -57,7 +57,7 @@ _AUTH_STATUSES = frozenset({401, 402, 403})
 _TRANSPORT_WORDS: tuple[tuple[type[BaseException], str], ...] = (
     (aiohttp.ClientPayloadError, "the connection closed before the response was complete"),
     (aiohttp.ServerDisconnectedError, "the server closed the connection"),
-    (asyncio.TimeoutError, "timed out"),  # aiohttp's timeout errors all derive from it
+    (TimeoutError, "timed out"),  # aiohttp's timeout errors all derive from it
     (
         aiohttp.ClientConnectorCertificateError,
         "could not connect (the TLS certificate was refused)",
@@ -278,7 +278,7 @@ class Upstream:
             retry_after: float | None = None
             try:
                 reply = await self._attempt_in_slot(method, url, deadline, kwargs)
-            except (aiohttp.ClientError, asyncio.TimeoutError, PlainHttpError) as exc:
+            except (TimeoutError, aiohttp.ClientError, PlainHttpError) as exc:
                 log_event(
                     logger,
                     "upstream_transport_error",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
+import tomllib
 import types
 import typing
 from collections.abc import Sequence
@@ -18,11 +18,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from services.exceptions import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 T = TypeVar("T")
 

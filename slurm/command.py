@@ -32,6 +32,11 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print the sbatch script and the training command; submit nothing",
     )
+    parser.add_argument(
+        "--allow-image-mismatch",
+        action="store_true",
+        help="submit although container.image was built from other code than this launcher's",
+    )
 
 
 def run_submit(args: argparse.Namespace) -> None:
@@ -47,6 +52,12 @@ def run_submit(args: argparse.Namespace) -> None:
         from slurm.slime_checks import check_slime
 
         check_slime(config)
+    if config.container.image:
+        from slurm.image_labels import check_image
+
+        check_image(
+            config.container.apptainer, config.container.image, args.allow_image_mismatch, warn
+        )
     run = RunFolder(config.folder)
     backend = build_backend(config)
     if args.dry_run:
@@ -103,6 +114,10 @@ def undone_if_refused(run: RunFolder) -> Iterator[None]:
                 else:
                     path.unlink(missing_ok=True)
         raise
+
+
+def warn(message: str) -> None:
+    print(f"deepdive: warning: {message}", file=sys.stderr)
 
 
 # What a slime run's checkpoints fix: another model or layout cannot load them.

@@ -15,7 +15,6 @@ one, slime starts from --ref-load, slime/utils/arguments.py, lines 1817-1834).
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from deepdive.rollout_settings import (
     RolloutSettings,
 )
 from slurm.config import ExperimentConfig
+from slurm.package_data import read_json
 from slurm.slime_config import SlimeSection
 
 FILTERS = "deepdive.filters"
@@ -39,7 +39,7 @@ DYNAMIC_FILTERS = {
     (False, True): "drop_failed_groups",
     (True, True): "drop_uniform_or_failed_groups",
 }
-PRESETS = Path(__file__).with_name("slime_presets.json")
+PRESETS = "slime_presets.json"  # in the package (slurm/package_data.py reads it)
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,7 @@ class SlimeCommand:
 
 
 def presets() -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(PRESETS.read_text())
-    return dict(document["presets"])
+    return dict(read_json(PRESETS)["presets"])
 
 
 def architecture(slime: SlimeSection) -> list[str]:

@@ -25,9 +25,10 @@ from typing import Any, NoReturn
 from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
 from services.exceptions import ConfigError
 from slurm.config import ExperimentConfig
+from slurm.package_data import read_json
 from slurm.slime_args import architecture, presets, slime_arguments
 
-FLAGS = Path(__file__).with_name("slime_flags.json")
+FLAGS = "slime_flags.json"  # in the package (slurm/package_data.py reads it)
 # a model's config.json key -> the Megatron flag that must say the same
 CONFIG_KEYS = {
     "num_hidden_layers": "--num-layers",
@@ -47,13 +48,11 @@ REFUSED = {
 
 @cache
 def slime_flags() -> dict[str, list[str]]:
-    document: dict[str, Any] = json.loads(FLAGS.read_text())
-    return dict(document["flags"])
+    return dict(read_json(FLAGS)["flags"])
 
 
 def flag_sources() -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(FLAGS.read_text())
-    return dict(document["sources"])
+    return dict(read_json(FLAGS)["sources"])
 
 
 def _fail(key: str, message: str) -> NoReturn:

@@ -263,8 +263,8 @@ class SlimeDeepDive:
 
 @dataclass(frozen=True)
 class SlimeSection:
-    slime_root: str = "/root/slime"  # where train.py is (slime's image)
-    python_path: list[str] = field(default_factory=lambda: ["/root/slime", "/root/Megatron-LM"])
+    slime_root: str = "/opt/slime"  # where train.py is (the training image, containers/train.def)
+    python_path: list[str] = field(default_factory=lambda: ["/opt/slime", "/opt/Megatron-LM"])
     socket_ifname: str = ""  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; "" = let them choose
     model: SlimeModel = field(default_factory=SlimeModel)
     checkpoint: SlimeCheckpoint = field(default_factory=SlimeCheckpoint)

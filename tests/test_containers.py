@@ -6,6 +6,7 @@ image builds and the suite passes inside its SIF is `make ci-container` (.ci/run
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -14,9 +15,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+
+from deepdive.rollout_settings import GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH
+from slurm.slime_config import SlimeSection
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTAINERS = ROOT / "containers"
@@ -30,7 +35,8 @@ ALLOWED_PIP = (
     ),  # the platform's torch
     re.compile(r"--require-hashes -r /opt/deepdive-slurm/requirements\.lock"),  # the lock
     re.compile(r"--no-deps /opt/deepdive-slurm$"),  # the project, no dependency of its own
-    re.compile(r"--no-deps -e /root/Megatron-LM -e /root/slime$"),  # git checkouts at the pins
+    # slime's image's own checkouts, moved out of /root (tests/test_containers.py)
+    re.compile(r"--no-deps -e /opt/Megatron-LM -e /opt/slime$"),
 )
 
 
@@ -59,6 +65,8 @@ def test_each_apptainer_definition_has_its_sections(name: str, base: str) -> Non
     )
     assert "exec deepdive" in found["runscript"]
     assert "{{ LOCK_SHA256 }}" in found["labels"] and "{{ REVISION }}" in found["labels"]
+    # what `deepdive submit` compares with the launcher (slurm/image_labels.py)
+    assert "org.opencontainers.image.version {{ VERSION }}" in found["labels"]
 
 
 def test_the_training_image_labels_every_pin_and_tests_what_it_holds() -> None:
@@ -68,9 +76,10 @@ def test_the_training_image_labels_every_pin_and_tests_what_it_holds() -> None:
     for module in ("torch", "sglang", "megatron", "slime", "deepdive"):
         assert re.search(rf"\bimport .*\b{module}\b", found["test"]), module
     assert "device_count" in found["test"]  # GPU visibility
-    assert "git -C slime checkout {{ SLIME_COMMIT }}" in found["post"]
-    assert "git -C Megatron-LM checkout {{ MEGATRON_COMMIT }}" in found["post"]
-    assert "megatron.patch" in found["post"]  # as slime's own image builds Megatron
+    # slime's image brings Megatron-LM patched at its pin (checked) and slime (checked out at ours)
+    assert '"$megatron" != "{{ MEGATRON_COMMIT }}"' in found["post"]
+    assert "git -C /opt/slime checkout --quiet {{ SLIME_COMMIT }}" in found["post"]
+    assert "megatron.patch" in found["test"]  # applied, as slime's own image builds Megatron
 
 
 def test_every_base_is_pinned_by_digest_and_every_git_install_by_commit() -> None:
@@ -167,3 +176,295 @@ def test_install_from_lock_reads_every_pin_with_its_hashes() -> None:
     assert all(
         hashes and all(h.startswith("--hash=sha256:") for h in hashes) for *_, hashes in found
     )
+
+
+# A stand-in for Apptainer (not installable on this host; the container CI runs the real one
+# inside podman): it records how it was called and what the build context held at that moment.
+FAKE_APPTAINER = """#!/bin/sh
+{ echo "argv: $*"; echo "cwd: $(pwd)"
+  test -f containers/build/project/pyproject.toml && echo "project: yes"
+  test -f containers/build/train.args && sed 's/^/args: /' containers/build/train.args
+} > "$APPTAINER_RECORD"
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or shutil.which("make") is None,
+    reason="needs git and make (the build host's tools)",
+)
+def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) -> None:
+    """`make image` on a machine that never ran `make setup`: no .venv, no PYTHON, nothing but
+    git, make and Apptainer on PATH. The training image's context needs no Python (the torch
+    wheel is the CPU image's only)."""
+    checkout = tmp_path / "checkout"
+    for name in (
+        "Makefile", "pyproject.toml", "requirements.lock", "README.md",
+        "scripts/containers.sh", "scripts/apt-install.sh", "containers/train.def",
+        "containers/install_from_lock.py", "containers/pins.env",
+    ):  # fmt: skip
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, checkout / name)
+    pinned = (checkout / "containers" / "pins.env").read_text()
+    digest = "sha256:" + "0" * 64  # as `make pin-images` would write it
+    (checkout / "containers" / "pins.env").write_text(
+        re.sub(r"^TRAIN_BASE_DIGEST=.*$", f"TRAIN_BASE_DIGEST={digest}", pinned, flags=re.M)
+    )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(checkout)]
+    subprocess.run([*git[:5], "init", "-q", str(checkout)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "fresh"], check=True)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "apptainer").write_text(FAKE_APPTAINER)
+    (tools / "apptainer").chmod(0o755)
+    record = tmp_path / "apptainer.txt"
+    result = subprocess.run(
+        ["make", "-C", str(checkout), "image"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "APPTAINER_RECORD": str(record)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (checkout / ".venv").exists()
+    lines = record.read_text().splitlines()
+    build = checkout / "containers" / "build"
+    assert lines[0] == (
+        f"argv: build --build-arg-file {build}/train.args deepdive-train.sif containers/train.def"
+    )
+    assert "project: yes" in lines
+    assert f"args: TRAIN_BASE={pins()['TRAIN_BASE_TAG']}@{digest}" in lines
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"args: VERSION={version}" in lines  # the label submit compares
+
+
+# The training image (containers/train.def) as far as a CPU host can check it: it is slime's own
+# image for the pinned commit, its checkouts live where every user can read them (Apptainer runs
+# the job as the submitter; slime's image keeps them in /root, mode 0700), and its %test imports
+# slime's real training path with everything slime's docker/Dockerfile adds (at 624b824: Transformer
+# Engine line 60, apex's CUDA extensions line 66, torch_memory_saver line 77, requirements.txt
+# line 105, numpy 1.x line 109, the router build line 111, the Megatron patches lines 118-133,
+# the SGLang patches lines 137-150), checks slime's patches are applied, and fails on `pip check`.
+# The image itself is built where a registry is reachable (`make image`).
+
+TRAIN = CONTAINERS / "train.def"
+# slime's docker/Dockerfile at 624b824, line 140: the SGLang patches, in the order it applies them
+SGLANG_PATCHES = (
+    "sglang.patch",
+    "sglang-top_p.patch",
+    "sglang-release_hicache.patch",
+    "sglang-pull_weights.patch",
+    "sglang-deterministic.patch",
+)
+# lines 118-133: megatron.patch, then megatron-sglang-aligned.patch when present
+MEGATRON_PATCHES = ("megatron.patch", "megatron-sglang-aligned.patch")
+# what train.py reaches and what that path needs (the issue's list, names checked at 624b824:
+# slime/ray/placement_group.py, slime/rollout/sglang_rollout.py,
+# slime/backends/megatron_utils/model_provider.py and actor.py, which imports torch_memory_saver
+# at line 12; slime/observability/logging_utils.py line 3 imports wandb;
+# slime/rollout/rm_hub/math_utils.py line 10 imports pylatexenc; Megatron's ColumnParallelLinear
+# needs apex's fused_weight_gradient_mlp_cuda with gradient_accumulation_fusion)
+REQUIRED_IMPORTS = (
+    "slime.ray.placement_group",
+    "slime.rollout.sglang_rollout",
+    "slime.backends.megatron_utils.model_provider",
+    "slime.backends.megatron_utils.actor",
+    "transformer_engine.pytorch",
+    "fused_weight_gradient_mlp_cuda",
+    "torch_memory_saver",
+    "wandb",
+    "pylatexenc",
+    "sglang_router",
+    "numpy",
+    "deepdive.rollout_settings",
+    "slime.utils.misc",
+)
+
+
+def percent_test() -> str:
+    return sections(TRAIN)["test"]
+
+
+def heredoc_python(shell: str) -> tuple[str, str]:
+    """The %test's Python heredoc as /bin/sh reads it (the body ends at a line that is exactly
+    the delimiter; Apptainer keeps a section's indentation), and the shell around it."""
+    lines = shell.splitlines()
+    starts = [i for i, line in enumerate(lines) if re.search(r"python3 - <<'PY'\s*$", line)]
+    assert len(starts) == 1, "one Python heredoc in %test"
+    ends = [i for i in range(starts[0] + 1, len(lines)) if lines[i] == "PY"]
+    assert ends, "the heredoc never ends: its delimiter must be a line 'PY' at column 0"
+    body = "\n".join(lines[starts[0] + 1 : ends[0]])
+    around = "\n".join(lines[: starts[0] + 1] + lines[ends[0] + 1 :])
+    return body, around
+
+
+def imported(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def substituted(text: str) -> str:
+    """A section with Apptainer's {{ ARG }} templates filled as a build fills them."""
+    values = {**pins(), "TRAIN_BASE": "docker.io/x@sha256:0", "REVISION": "r", "VERSION": "v"}
+    return re.sub(r"\{\{ (\w+) \}\}", lambda match: values.get(match.group(1), "x"), text)
+
+
+def test_the_base_is_slimes_own_image_pinned_by_digest_or_refused() -> None:
+    pinned = pins()
+    assert pinned["TRAIN_BASE_TAG"].startswith("docker.io/slimerl/slime:"), pinned["TRAIN_BASE_TAG"]
+    # slime's docker/version.txt at 624b824 reads nightly-dev-20260810a; the tag carries it
+    assert "nightly-dev-20260810a" in pinned["TRAIN_BASE_TAG"]
+    assert pinned["TRAIN_BASE_DIGEST"] == "" or re.fullmatch(
+        r"sha256:[0-9a-f]{64}", pinned["TRAIN_BASE_DIGEST"]
+    )
+    header = TRAIN.read_text().split("Bootstrap:")[0]
+    assert "Why slime's image" in header  # the choice, said where the image is defined
+
+
+def test_the_test_section_imports_slimes_training_path_and_our_hooks() -> None:
+    body, _ = heredoc_python(percent_test())
+    tree = ast.parse(body)  # the Python %test runs, exactly as the shell hands it over
+    missing = [name for name in REQUIRED_IMPORTS if name not in imported(tree)]
+    assert not missing, f"%test does not import {missing}"
+    assert '"/opt/slime/train.py"' in body  # train.py's own imports, its main not run
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "load_function"
+    ]
+    assert calls, "the hooks are loaded with slime's load_function"
+    loop = next(n for n in ast.walk(tree) if isinstance(n, ast.For) and calls[0] in ast.walk(n))
+    assert isinstance(loop.iter, ast.Tuple)
+    assert [getattr(e, "id", "") for e in loop.iter.elts] == [
+        "GENERATE_FUNCTION_PATH",
+        "REWARD_FUNCTION_PATH",
+    ]
+    # what the launcher tells slime to load is what %test loads
+    assert GENERATE_FUNCTION_PATH.startswith("deepdive.rollout.")
+    assert REWARD_FUNCTION_PATH.startswith("deepdive.rollout.")
+    assert 'numpy.__version__.startswith("1.")' in body
+    assert '"slime" in sglang_router.__version__' in body  # slime's own check, Dockerfile l.112
+
+
+def test_pip_check_and_every_step_of_the_test_section_are_fatal() -> None:
+    _, shell = heredoc_python(percent_test())
+    commands = [line.strip() for line in shell.splitlines() if line.strip()]
+    commands = [line for line in commands if not line.startswith("#")]
+    assert commands[0] == "set -eu"
+    assert "pip check" in commands
+    for line in commands:
+        if "pip check" in line:
+            assert line == "pip check", f"pip check must stand alone: {line!r}"
+    assert "|| echo" not in shell and "|| true" not in shell
+
+
+@pytest.mark.parametrize("name", ["post", "test"])
+def test_each_shell_section_parses_in_the_shell_apptainer_runs(name: str) -> None:
+    shells = [shell for shell in ("dash", "bash") if shutil.which(shell)]
+    assert shells
+    text = substituted(sections(TRAIN)[name])
+    for shell in shells:
+        result = subprocess.run([shell, "-n"], input=text, capture_output=True, text=True)
+        assert result.returncode == 0, f"{shell}: {result.stderr}"
+
+
+def test_the_test_section_checks_slimes_patches_in_dockerfile_order() -> None:
+    calls = {}
+    for command in percent_test().replace("\\\n", " ").splitlines():  # continued lines joined
+        words = command.split()
+        if words[:1] == ["applied"]:
+            calls[words[1]] = [Path(word).name for word in words[2:]]
+    assert calls == {
+        "/sgl-workspace/sglang": list(SGLANG_PATCHES),
+        "/opt/Megatron-LM": list(MEGATRON_PATCHES),
+    }
+    assert "patches=/opt/slime/docker/patch/latest" in percent_test()  # the pinned commit's patches
+
+
+def applied_function() -> str:
+    shell = percent_test()
+    match = re.search(r"^(\s*applied\(\) \{.*?^\s*\}\n)", shell, re.MULTILINE | re.DOTALL)
+    assert match is not None
+    return substituted(match.group(1))
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the check runs git apply")
+def test_the_patch_check_tells_applied_patches_from_missing_ones(tmp_path: Path) -> None:
+    """The %test's own `applied` function on a tree patched as slime's Dockerfile patches SGLang:
+    two patches touching one file, applied in order, then the first one left out."""
+    tree, patches = tmp_path / "tree", tmp_path / "patches"
+    tree.mkdir()
+    patches.mkdir()
+    (tree / "shared.py").write_text("a = 1\nb = 2\n")
+    (tree / "only_first.py").write_text("x = 1\n")
+
+    def diff(name: str, path: str, before: str, after: str) -> Path:
+        old, new = tmp_path / "old", tmp_path / "new"
+        old.write_text(before)
+        new.write_text(after)
+        text = subprocess.run(
+            ["git", "diff", "--no-index", f"--src-prefix=a/{path}#", f"--dst-prefix=b/{path}#",
+             str(old), str(new)],
+            capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        text = re.sub(rf"([ab]/{re.escape(path)})#\S+", r"\1", text)
+        (patches / name).write_text(text)
+        return patches / name
+
+    first_shared = diff("first.patch", "shared.py", "a = 1\nb = 2\n", "a = 10\nb = 2\n")
+    first_only = diff("first_only.patch", "only_first.py", "x = 1\n", "x = 11\n")
+    (patches / "first.patch").write_text(first_shared.read_text() + first_only.read_text())
+    diff("second.patch", "shared.py", "a = 10\nb = 2\n", "a = 10\nb = 20\n")
+
+    def check() -> subprocess.CompletedProcess[str]:
+        script = (
+            applied_function()
+            + f"applied {tree} {patches}/first.patch {patches}/absent.patch {patches}/second.patch"
+        )
+        return subprocess.run(["sh", "-eu"], input=script, capture_output=True, text=True)
+
+    assert check().returncode == 1  # nothing applied yet
+    for name in ("first.patch", "second.patch"):
+        subprocess.run(["git", "apply", str(patches / name)], cwd=tree, check=True)
+    result = check()
+    assert result.returncode == 0, result.stderr  # both in, the shared file judged by the last
+    subprocess.run(["git", "apply", "-R", str(patches / "first_only.patch")], cwd=tree, check=True)
+    result = check()
+    assert result.returncode == 1 and "first.patch is not applied" in result.stderr
+
+
+def test_slime_and_megatron_live_where_every_user_can_read_them() -> None:
+    found = sections(TRAIN)
+    post = found["post"]
+    assert "mv /root/slime /opt/slime" in post and "mv /root/Megatron-LM /opt/Megatron-LM" in post
+    assert re.search(r"^\s*pip install .*-e /opt/Megatron-LM -e /opt/slime\s*$", post, re.M)
+    assert "chmod -R a+rX /opt/slime /opt/Megatron-LM" in post
+    assert "git -C /opt/slime checkout --quiet {{ SLIME_COMMIT }}" in post
+    # nothing the job reads stays in /root
+    for name in ("environment", "test", "runscript", "labels"):
+        assert "/root" not in found[name], name
+    exports = dict(re.findall(r"^\s*export (\w+)=(\S+)", found["environment"], re.MULTILINE))
+    path = exports["PYTHONPATH"].split("$")[0].rstrip(":").split(":")
+    assert path == ["/opt/slime", "/opt/Megatron-LM"]
+    # the %test checks the mode bits (a non-root run cannot be tested here)
+    assert "-perm -o+r" in found["test"] and "-perm -o+x" in found["test"]
+    assert "stat.S_IROTH" in found["test"] and "stat.S_IXOTH" in found["test"]
+
+
+def test_the_launchers_defaults_and_the_recipes_name_the_images_paths() -> None:
+    environment = sections(TRAIN)["environment"]
+    python_path = re.search(r"PYTHONPATH=([^$]+)\$", environment)
+    assert python_path is not None
+    in_image = python_path.group(1).rstrip(":").split(":")
+    default = SlimeSection()
+    assert default.python_path == in_image
+    assert default.slime_root == in_image[0] == "/opt/slime"
+    for config in sorted((ROOT / "configs").glob("*.toml")):
+        slime = tomllib.loads(config.read_text()).get("run", {}).get("backend")
+        table = tomllib.loads(config.read_text()).get("slime", {})
+        if slime == "slime" or "slime_root" in table:
+            assert table.get("slime_root", default.slime_root) == "/opt/slime", config.name
+            assert table.get("python_path", default.python_path) == in_image, config.name

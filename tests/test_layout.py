@@ -1,12 +1,7 @@
 """The project's promises about itself: layout, README's first screen, CI entry, container pins."""
 
-import sys
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

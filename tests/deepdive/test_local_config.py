@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
@@ -12,11 +13,6 @@ import pytest
 
 from deepdive.local.config import LocalRunConfig, load_local_config
 from services.exceptions import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "configs" / "local.toml"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import orjson
@@ -17,11 +18,6 @@ import tomli_w
 from services.exceptions import ConfigError
 from slurm.conversion import ConversionFailed, run_to_folder
 from tests.helpers import DEEPDIVE, TINY_JOB
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "deepdive-qwen.toml"
@@ -68,7 +64,7 @@ def test_to_megatron_is_a_one_node_job_writing_the_reference_checkpoint(tmp_path
     assert "#SBATCH --nodes=1" in out and "#SBATCH --gpus-per-node=8" in out
     assert "apptainer exec --nv" in out  # inside the training image
     command = out.strip().splitlines()[-1].split()
-    assert command[:2] == ["python3", "/root/slime/tools/convert_hf_to_torch_dist.py"]
+    assert command[:2] == ["python3", "/opt/slime/tools/convert_hf_to_torch_dist.py"]
     assert command[command.index("--num-layers") + 1] == "64"  # the preset's architecture
     assert command[command.index("--hf-checkpoint") + 1] == str(tmp_path / "Qwen2.5-32B-Instruct")
     assert command[-2:] == ["--save", str(tmp_path / "Qwen2.5-32B-Instruct_torch_dist")]
@@ -86,7 +82,7 @@ def test_to_hf_converts_the_newest_complete_iteration_or_says_what_is_missing(
     result = deepdive("convert-checkpoint", "to-hf", str(RECIPE), "--dry-run", *arguments)
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip().splitlines()[-1].split()
-    assert command[1] == "/root/slime/tools/convert_torch_dist_to_hf.py"
+    assert command[1] == "/opt/slime/tools/convert_torch_dist_to_hf.py"
     assert command[command.index("--input-dir") + 1] == str(checkpoints / "iter_0000040")
     assert command[-1] == str(tmp_path / "run" / "converted" / "iter_0000040_hf")
     wrong = deepdive(

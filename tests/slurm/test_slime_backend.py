@@ -101,7 +101,7 @@ def test_the_recipe_passes_every_check_and_renders_as_recorded(world: dict[str, 
         Path("/run/attempt/deepdive_rollout.yaml"),
         {"tools": "http://10.0.0.1:20010", "reward": "http://10.0.0.1:20011"},
     )
-    check("slime_command.txt", placeholders(render(command, "/root/slime/train.py"), world) + "\n")
+    check("slime_command.txt", placeholders(render(command, "/opt/slime/train.py"), world) + "\n")
     # the hooks are ours, the run folder holds the checkpoints, no --group-rm, ever
     arguments = command.arguments()
     assert (
@@ -260,10 +260,10 @@ def test_the_backend_gives_every_node_slimes_environment(world: dict[str, Path])
     environment = backend.environment("10.0.0.7")
     assert environment["SLIME_HOST_IP"] == "10.0.0.7"
     assert environment["GLOO_SOCKET_IFNAME"] == environment["NCCL_SOCKET_IFNAME"] == "ib0"
-    assert environment["PYTHONPATH"].startswith("/root/slime:/root/Megatron-LM")
+    assert environment["PYTHONPATH"].startswith("/opt/slime:/opt/Megatron-LM")
     command = backend.command(RunFolder(world["root"] / "run").attempt("7-0"))
-    assert command[:2] == ["python3", "/root/slime/train.py"]  # the image's python
-    assert backend.working_directory() == "/root/slime"
+    assert command[:2] == ["python3", "/opt/slime/train.py"]  # the image's python
+    assert backend.working_directory() == "/opt/slime"
 
 
 def test_the_dry_run_prints_the_sbatch_script_the_slime_command_and_the_yaml(

@@ -12,6 +12,7 @@ from deepdive.local import command as local_command
 from deepdive.offline import command as world_command
 from services.cli import SERVICES, Subcommand, add_subcommands, run_handler
 from slurm import command as slurm_command
+from slurm.smoke import command as smoke_command
 
 COMMANDS: list[Subcommand] = [
     (
@@ -73,6 +74,14 @@ COMMANDS: list[Subcommand] = [
         "turns a training checkpoint into a Hugging Face folder.",
         slurm_command.add_convert_checkpoint_arguments,
         slurm_command.run_convert_checkpoint,
+    ),
+    (
+        "smoke",
+        "the GPU acceptance kit: image, NCCL, Ray, SGLang, slime, each step checked",
+        "Check a cluster's GPU nodes in the training image, step by step (docs/gpu-smoke.md): "
+        "here, or as one Slurm job of an experiment's nodes and image.",
+        smoke_command.add_smoke_arguments,
+        smoke_command.run_smoke,
     ),
     (
         "eval",

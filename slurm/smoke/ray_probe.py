@@ -150,13 +150,17 @@ def probe(num_nodes: int, gpus: int, timeout_s: float) -> list[Check]:
         ray.shutdown()
 
 
-def main(argv: Sequence[str]) -> int:
+def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m slurm.smoke.ray_probe")
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--gpus-per-node", type=int, required=True)
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--result", type=Path, required=True)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse(argv)
     checks = probe(args.nodes, args.gpus_per_node, args.timeout_s)
     write_json(args.result, {"checks": [vars(check) for check in checks]})
     for check in checks:

@@ -2,9 +2,10 @@
 trip through slime's conversion tools, on node 0.
 
 The recipe follows slime's scripts/run-qwen2.5-0.5B-reproducibility.sh (624b824): the
-qwen2.5-0.5B preset, colocated actor and rollout on the node's GPUs, GRPO with lr 1e-6,
-dynamic batching off at this size; with our hooks on the offline world (the tool server over
-its pages, the rule judge: no key, no network) and ROLLOUTS rollouts, slime saving the last.
+qwen2.5-0.5B preset, colocated actor and rollout on the node's GPUs, GRPO with lr 1e-6 and
+that script's other flags (REFERENCE_FLAGS); with our hooks on the offline world (the tool
+server over its pages, the rule judge: no key, no network) and ROLLOUTS rollouts, slime
+saving the last.
 It runs through the launcher's own pieces: the checks before submission (check_slime), the
 conversion of the model (`deepdive convert-checkpoint to-megatron`'s plan), the node
 bootstrap with the slime backend (Ray, services, train.py with the backend's environment).
@@ -48,6 +49,21 @@ PRESET = "qwen2.5-0.5B"
 ROLLOUTS = 10  # about a minute each for a 0.5B model on one node: the 10-minute run
 TRAIN_LIMIT_S = 2400.0  # the run is stopped (and the step fails) after this long
 GPUS_PER_NODE_FLAG = "--num-gpus-per-node"  # slime's default is 8 (slime/utils/arguments.py:67)
+# What slime's scripts/run-qwen2.5-0.5B-reproducibility.sh (624b824) passes and the launcher's
+# builder may not emit: added when it does not. Not taken from it: its deterministic-mode
+# flags, wandb, the eval set and --rm-type math (that script's purpose, not this run's: our
+# hooks score the episodes), --sequence-parallel at TP 1 (the config refuses it below TP 2),
+# and its sizes (100 rollouts of 32 x 8 samples do not fit ten minutes).
+REFERENCE_FLAGS = (
+    ("--use-dynamic-batch-size",),
+    ("--max-tokens-per-gpu", "9216"),
+    ("--attention-dropout", "0.0"),
+    ("--hidden-dropout", "0.0"),
+    ("--accumulate-allreduce-grads-in-fp32",),
+    ("--attention-softmax-in-fp32",),
+    ("--attention-backend", "flash"),
+    ("--rollout-shuffle",),
+)
 
 
 def recipe(
@@ -86,9 +102,11 @@ def recipe(
         deepdive=dataclasses.replace(section.deepdive, max_turns=4),
     )
     probe = dataclasses.replace(config, slime=section)
-    emitted = slime_arguments(probe, folder / "probe.yaml", {"tools": "", "reward": ""}).flags()
-    if GPUS_PER_NODE_FLAG not in emitted:  # the launcher does not emit it (yet): slime needs it
-        section = dataclasses.replace(section, extra_args=[GPUS_PER_NODE_FLAG, str(gpus)])
+    urls = {"tools": "http://tools.invalid", "reward": "http://reward.invalid"}
+    emitted = slime_arguments(probe, folder / "probe.yaml", urls).flags()
+    wanted = [*REFERENCE_FLAGS, (GPUS_PER_NODE_FLAG, str(gpus))]
+    extra = [item for flag in wanted if flag[0] not in emitted for item in flag]
+    section = dataclasses.replace(section, extra_args=extra)
     return dataclasses.replace(
         config,
         run=dataclasses.replace(
@@ -153,13 +171,13 @@ def run(context: SmokeContext) -> list[Check]:
     config = recipe(
         context.config, folder, model, str(reference), data.prompts, data.tools_arguments(), gpus
     )
-    try:
+    seconds = convert(context, config, plan(config, "to-megatron"))
+    checks = [passed("to-megatron", f"{model} -> {reference} in {seconds:.0f} s")]
+    try:  # what `deepdive submit` checks (the reference checkpoint must exist by now)
         check_slime(config)
     except ServiceError as error:
-        return [failed("the launcher's checks", error.message)]
-    checks = [passed("the launcher's checks", f"the recipe passes check_slime ({PRESET})")]
-    seconds = convert(context, config, plan(config, "to-megatron"))
-    checks.append(passed("to-megatron", f"{model} -> {reference} in {seconds:.0f} s"))
+        return [*checks, failed("the launcher's checks", error.message)]
+    checks.append(passed("the launcher's checks", f"the recipe passes check_slime ({PRESET})"))
     checks += train(config, context.node)
     if not all(check.ok for check in checks):
         return checks

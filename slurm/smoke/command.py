@@ -79,6 +79,7 @@ def run_smoke(args: argparse.Namespace) -> None:
     if args.here:
         run_here(config, steps, args)
         return
+    check_model(steps, args.model)
     if args.dry_run:
         from slurm.submit import sbatch_script
 
@@ -94,6 +95,17 @@ def run_smoke(args: argparse.Namespace) -> None:
     print(f"  node logs   {Path(config.run.folder)}/submitit/{job_id}/")
     if args.wait:
         print(wait_for_report(config, job_id), end="")
+
+
+def check_model(steps: list[Step], model: str) -> None:
+    """Before a job waits in the queue: the steps that load a model have one to load."""
+    needing = [f"{step.number} {step.name}" for step in steps if step.needs_model]
+    if needing and not (model and (Path(model) / "config.json").is_file()):
+        given = f"{model} has no config.json" if model else "none was given"
+        raise ConfigError(
+            f"--model: step(s) {', '.join(needing)} need a Hugging Face model folder every node "
+            f"sees (bound into the image: [container] binds); {given} (or --only other steps)"
+        )
 
 
 def run_here(config: ExperimentConfig, steps: list[Step], args: argparse.Namespace) -> None:

@@ -316,6 +316,16 @@ def test_dry_run_shows_the_kits_job_and_its_steps(tmp_path: Path) -> None:
     assert "3 ray" not in result.stdout
 
 
+def test_a_job_whose_steps_need_a_model_is_refused_without_one(tmp_path: Path) -> None:
+    folder = f'run.folder="{tmp_path}"'
+    result = smoke(str(TINY_JOB), "--dry-run", "--only", "1,4", "--set", folder)
+    assert result.returncode == 2
+    assert "--model: step(s) 4 sglang need a Hugging Face model folder" in result.stderr
+    assert "none was given" in result.stderr
+    result = smoke(str(TINY_JOB), "--only", "5", "--model", str(tmp_path), "--set", folder)
+    assert result.returncode == 2 and f"{tmp_path} has no config.json" in result.stderr
+
+
 @pytest.mark.slow
 def test_the_kit_runs_as_one_two_node_slurm_job(job_env: dict[str, str], tmp_path: Path) -> None:
     env = {**job_env, "PYTHONPATH": str(ROOT)}

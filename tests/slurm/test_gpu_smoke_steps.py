@@ -73,7 +73,7 @@ def smoke(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 # -- step 2: NCCL and gloo ---------------------------------------------------------------------
 
 
-def test_the_transport_is_read_from_ncclss_own_log_lines() -> None:
+def test_the_transport_is_read_from_nccls_own_log_lines() -> None:
     assert collective.transports(ONE_NODE_LOG) == Counter({"P2P/CUMEM/read": 3})
     seen = collective.transports(TWO_NODE_LOG)
     assert seen == Counter({"NET/IB/0/GDRDMA": 2, "P2P/CUMEM": 1})
@@ -124,7 +124,7 @@ def outcome(
 RESULT = {"world": 2, "bytes": 2**20, "seconds_per_call": 0.001, "correct": True}
 
 
-def test_a_group_passes_only_with_a_transport_in_ncclss_log(tmp_path: Path) -> None:
+def test_a_group_passes_only_with_a_transport_in_nccls_log(tmp_path: Path) -> None:
     ok = collective.judged(
         "NCCL on this node", outcome(tmp_path, ONE_NODE_LOG, [0, 0], RESULT), "any"
     )
@@ -140,7 +140,7 @@ def test_a_group_passes_only_with_a_transport_in_ncclss_log(tmp_path: Path) -> N
     assert alone.ok and "one GPU: a single rank" in alone.detail
 
 
-def test_a_failed_rank_is_named_with_ncclss_warning(tmp_path: Path) -> None:
+def test_a_failed_rank_is_named_with_nccls_warning(tmp_path: Path) -> None:
     log = ONE_NODE_LOG + (
         "gpu-b:77:88 [1] NCCL INFO transport/net_ib.cc:1295 -> 6\n"
         "gpu-b:77:88 [1] NCCL WARN NET/IB : Got completion from peer 10.1.0.12<55921> with "

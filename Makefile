@@ -110,7 +110,11 @@ ci-container: setup
 pin-images:
 	scripts/containers.sh pin
 
-# On a GPU node, inside the training image: SGLang on a small model, one multi-turn episode
-# through the services, one local-backend step on the GPU (MODEL=/models/Qwen2.5-0.5B-Instruct).
+# The GPU acceptance kit (docs/gpu-smoke.md), each step failing loudly with what it checked:
+# here, as one node (on a GPU node, inside the training image), or as one Slurm job of an
+# experiment's nodes and image (EXPERIMENT=configs/x.toml, waiting for its report).
+# MODEL=/models/Qwen2.5-0.5B-Instruct for steps 4 and 5; ONLY=1,6 for some steps.
+SMOKE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-smoke:
-	python3 scripts/gpu_smoke.py $(MODEL)
+	$(SMOKE_PYTHON) -m slurm.cli smoke $(EXPERIMENT) $(if $(EXPERIMENT),--wait) \
+		$(if $(MODEL),--model $(MODEL)) $(if $(ONLY),--only $(ONLY))

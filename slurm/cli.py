@@ -81,6 +81,15 @@ COMMANDS: list[Subcommand] = [
         "run_convert_checkpoint",
     ),
     Subcommand(
+        "smoke",
+        "the GPU acceptance kit: image, NCCL, Ray, SGLang, slime, each step checked",
+        "Check a cluster's GPU nodes in the training image, step by step (docs/gpu-smoke.md): "
+        "here, or as one Slurm job of an experiment's nodes and image.",
+        "slurm.smoke.command",
+        "add_smoke_arguments",
+        "run_smoke",
+    ),
+    Subcommand(
         "eval",
         "evaluate checkpoints on an eval set with the rollout and the services of training",
         "Serve each checkpoint (the local engine on CPU, SGLang on a GPU), play the eval set "

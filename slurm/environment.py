@@ -1,14 +1,15 @@
 """The only reader of the job's environment: who this node is inside a Slurm job.
 
 submitit's JobEnvironment parses the variables it knows (job id, node rank, node count, the
-node list); the few it does not (the requeue count, the node's Slurm name, the CPUs given to
-the task) are read here too, so no other module ever names a SLURM_* variable.
+node list); the few it does not (the requeue count, the node's Slurm name, the CPUs and GPUs
+given to the task) are read here too, so no other module ever names a SLURM_* variable.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -57,3 +58,51 @@ def _int(text: str | None, default: int) -> int:
         return int(text) if text else default
     except ValueError:
         return default
+
+
+@dataclass(frozen=True)
+class GpuGrant:
+    """The GPUs Slurm gave this task, as its variables say (None where one is unset): what the
+    GPU smoke kit compares with what torch sees."""
+
+    in_job: bool
+    gpus_on_node: str | None
+    job_gpus: str | None
+    visible_devices: str | None
+
+    @property
+    def count(self) -> int | None:
+        """How many GPUs this task was given; None when no variable says."""
+        if self.gpus_on_node is not None and self.gpus_on_node.strip().isdigit():
+            return int(self.gpus_on_node)
+        for listed in (self.job_gpus, self.visible_devices):
+            if listed is None:
+                continue
+            items = [item for item in listed.split(",") if item.strip()]
+            # Slurm sets "NoDevFiles" for a job without GPUs on a node that has some
+            return 0 if items in ([], ["NoDevFiles"], ["-1"]) else len(items)
+        return None
+
+    def describe(self) -> str:
+        shown = {
+            "SLURM_GPUS_ON_NODE": self.gpus_on_node,
+            "SLURM_JOB_GPUS": self.job_gpus,
+            "CUDA_VISIBLE_DEVICES": self.visible_devices,
+        }
+        given = ", ".join(f"{name}={value}" for name, value in shown.items() if value is not None)
+        if given:
+            return given
+        if self.in_job:
+            return "this Slurm job asked for no GPU (SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS unset)"
+        return "not in a Slurm job, CUDA_VISIBLE_DEVICES unset"
+
+
+def gpus_given(environ: Mapping[str, str] | None = None) -> GpuGrant:
+    """The GPU part of this task's environment (`environ`: os.environ unless given)."""
+    environ = os.environ if environ is None else environ
+    return GpuGrant(
+        in_job="SLURM_JOB_ID" in environ,
+        gpus_on_node=environ.get("SLURM_GPUS_ON_NODE"),
+        job_gpus=environ.get("SLURM_JOB_GPUS"),
+        visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+    )

@@ -444,7 +444,7 @@ class NodeBootstrap:
         if self.attempt.failed(other).exists():
             return True
         lines = read_phases(self.attempt.phases(other))
-        return bool(lines) and lines[-1].get("event") in FINAL_EVENTS
+        return any(line.get("event") in FINAL_EVENTS for line in lines)
 
     def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
         """Slurm is ending the job (cancel, requeue, preemption). Like submitit, keep running

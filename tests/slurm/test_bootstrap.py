@@ -221,6 +221,7 @@ def test_node_0_names_a_peer_that_ended_without_a_word(tmp_path: Path) -> None:
     log = PhaseLog(quiet.attempt.phases(1), 1, "4711-0")
     log.record("serving", "start")
     log.record("job", "stopped", reason="SIGTERM")
+    log.record("job", "children_stopped", seconds={"ray": 1.1})  # its teardown, after
     quiet._on_sigterm(15, None)
     quiet._name_silent_peers()
     assert not quiet.attempt.failed(1).exists()

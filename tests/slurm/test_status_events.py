@@ -35,7 +35,7 @@ def test_status_shows_a_slime_runs_step_and_reward_from_its_tensorboard_events(
     run = RunFolder(tmp_path / "run")
     run.root.mkdir()
     (run.root / "config.toml").write_text('[run]\nfolder = "x"\n')
-    events = run.tensorboard
+    events = run.root / "logs" / "tensorboard"  # RunFolder.tensorboard, spelled out
     # the rollout manager and the trainer each write their own file (slime/observability:
     # rollout/* with step "rollout/step", train/* with "train/step", eval/* with "eval/step")
     write(events, [("rollout/raw_reward", 0.1 * s, s) for s in range(1, 8)], ".rollout")
@@ -58,6 +58,10 @@ def test_status_shows_a_slime_runs_step_and_reward_from_its_tensorboard_events(
 
 def test_status_reads_the_local_backends_events_too(tmp_path: Path) -> None:
     run = RunFolder(tmp_path)
-    write(run.tensorboard, [("reward_mean", 0.25, 1), ("reward_mean", 0.5, 2)], ".local")
+    write(
+        run.root / "logs" / "tensorboard",
+        [("reward_mean", 0.25, 1), ("reward_mean", 0.5, 2)],
+        ".local",
+    )
     status = run_status(run)
     assert (status.step, status.reward) == (2, 0.5)

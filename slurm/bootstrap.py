@@ -25,6 +25,7 @@ backend resumes from the newest complete checkpoint in the run folder.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -32,8 +33,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
@@ -47,11 +49,12 @@ from services.process import ServiceProcess, child_preexec
 from services.secrets import TOKEN_ENV, load_env_file
 from services.waiting import wait_for
 from slurm.backends import Backend, build_backend
+from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
 from slurm.config import ExperimentConfig
 from slurm.environment import NodeInfo, current_node
-from slurm.phases import NodeFailed, PhaseLog, Stopping
-from slurm.ports import NodePorts, plan_node_ports
-from slurm.ray_cluster import RayNode, node_resource
+from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
+from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
+from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode, node_resource
 from slurm.run_folder import RunFolder, read_json, write_json
 
 logger = logging.getLogger("deepdive.job")
@@ -63,6 +66,10 @@ DRILL_ENV = "DEEPDIVE_DRILL"
 DRILL_ARGUMENT = "--refused-by-a-failure-drill"
 # While the node starts, a child that dies is named by its own phase (services, ray).
 STARTING = {"secrets", "storage", "ports", "launch", "ray", "services"}
+# A node told to stop by Slurm says so in its phase log within a second or two; one that has
+# not after this long (from node 0's own SIGTERM) died before Slurm ended the job.
+PEER_WORD_S = 3.0
+FINAL_EVENTS = {"stopped", "end", "failed", "finished_already"}
 
 
 class NodeJob(submitit.helpers.Checkpointable):
@@ -96,7 +103,12 @@ class NodeJob(submitit.helpers.Checkpointable):
 
 
 class NodeBootstrap:
-    def __init__(self, config: ExperimentConfig, node: NodeInfo) -> None:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        node: NodeInfo,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         self.node = node
         self.run_folder = RunFolder(Path(config.run.folder))
@@ -107,6 +119,12 @@ class NodeBootstrap:
         self.ray: RayNode | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
         self.terminating = False
+        self.clock = clock
+        self.terminated_at = 0.0
+        # the shared file system: read at once while the job starts, every few seconds after
+        self.shared = Cadence(START_POLL_S, clock)
+        self.ray_logs = Cadence(LONG_POLL_S, clock)  # Ray's worker logs, on local disk
+        self._shared_fresh = True
 
     # -- the whole node ------------------------------------------------------------------
 
@@ -121,19 +139,24 @@ class NodeBootstrap:
             if self.run_folder.finished.exists():
                 self.phases.record("job", "finished_already")
                 return 0
+            stopped = False
             with ExitStack() as stack:
                 stack.callback(self._stop_children)
                 try:
                     code = self._run_phases()
                 except Stopping as stop:
                     self.phases.record("job", "stopped", reason=str(stop))
-                    return 0
+                    stopped = True
                 except NodeFailed as failure:
                     return self._failed(failure)
                 except Exception as error:  # a bug between phases: still a note for the others
                     logger.exception("unexpected error")
                     reason = f"{type(error).__name__}: {error}"
                     return self._failed(NodeFailed(node.node, self.phases.current, reason))
+            if stopped:
+                if node.is_head and self.terminating:
+                    self._name_silent_peers()
+                return 0
             self.phases.record("job", "end", exit_code=code)
             return code
 
@@ -144,7 +167,7 @@ class NodeBootstrap:
         with self.phases.phase("storage"):
             self._check_storage()
         with self.phases.phase("ports"):
-            ports, notes = plan_node_ports(node.job_id, node.node, node.num_nodes)
+            ports, notes = self._plan_ports()
             for note in notes:
                 log_event(logger, "ports", note=note)
         # Ray and the services start together (each costs seconds of interpreter start-up):
@@ -188,6 +211,7 @@ class NodeBootstrap:
         )
         if not node.is_head:
             with self.phases.phase("serving"):
+                self.shared.slow_down()
                 end = self._wait_for_note(self.attempt.end, "the end of the job", FOREVER)
             if end.get("stopped"):
                 raise Stopping("node 0 stopped the job")
@@ -203,6 +227,7 @@ class NodeBootstrap:
             if not self.backend.starts_early:
                 self.backend.before_training(self.attempt, urls)
                 self._start_trainer(environment)
+            self.shared.slow_down()
             code = self._wait_for_trainer()
         write_json(self.attempt.end, {"exit_code": code, "t": time.time()})
         if code == 0:
@@ -242,14 +267,22 @@ class NodeBootstrap:
                 "run folder is not the same shared storage on both nodes",
             )
 
+    def _plan_ports(self) -> tuple[NodePorts, list[str]]:
+        """The node's ports, with a Ray worker port for everything the node will run."""
+        node = self.node
+        workers = worker_ports_needed(node.cpus, self.config.slurm.gpus_per_node)
+        return plan_node_ports(node.job_id, node.node, node.num_nodes, workers)
+
     def _launch_ray(self, ports: NodePorts, environment: dict[str, str], head: str | None) -> None:
+        logs = self.attempt.node_logs(self.node.node)
         self.ray = RayNode(
             node=self.node.node,
             node_ip=node_ip(),
             ports=ports,
             head_address=head,
             temp_dir=Path("/tmp") / f"dd-{self.node.job_id}-{self.node.node}",  # noqa: S108
-            log_path=self.attempt.node_logs(self.node.node) / "ray.log",
+            log_path=logs / "ray.log",
+            logs_to=logs / "ray",
             num_cpus=self.node.cpus,
             num_gpus=self.config.slurm.gpus_per_node,
             environment=environment,
@@ -304,7 +337,7 @@ class NodeBootstrap:
         assert self.ray is not None
         self.trainer = subprocess.Popen(  # noqa: S603 (the backend's command, no shell)
             command,
-            env={**os.environ, **environment, "RAY_ADDRESS": self.ray.address},
+            env={**os.environ, **environment, **RAY_ENVIRONMENT, "RAY_ADDRESS": self.ray.address},
             cwd=self.backend.working_directory(),
             preexec_fn=child_preexec,
         )
@@ -326,10 +359,10 @@ class NodeBootstrap:
 
     def _check(self) -> None:
         """Between polls: give up when another node failed, the job is ending, or one of this
-        node's own children died."""
-        for failure in self.attempt.failures():
-            if failure.get("node") != self.node.node:
-                raise NodeFailed(int(failure["node"]), str(failure["phase"]), str(failure["error"]))
+        node's own children died (the shared file system only when its cadence says)."""
+        if self.shared.due():
+            self._check_shared()
+            self._shared_fresh = True  # a note awaited may be read in the next round
         trainer = self.trainer
         if trainer is not None and trainer.poll() is not None and self.phases.current == "join":
             raise NodeFailed(
@@ -338,12 +371,11 @@ class NodeBootstrap:
                 f"the trainer exited with status {trainer.returncode} before every node was "
                 f"ready (its output is in {self.attempt.node_log(self.node.node)})",
             )
-        end = read_json(self.attempt.end) if self.attempt.end.exists() else None
-        if isinstance(end, dict) and end.get("stopped"):
-            raise Stopping("the job is being stopped (preemption or time limit)")
         failures = [(service.failure(), "services") for service in self.services]
         if self.ray is not None and not self.ray.alive():
             failures.append((f"ray exited; its log ends with:\n{self.ray.log_tail()}", "ray"))
+        if self.ray is not None and self.ray_logs.due():
+            failures.append((self.ray.worker_port_exhaustion(), "ray"))
         dead = [(reason, phase) for reason, phase in failures if reason is not None]
         if dead and self.terminating:
             raise Stopping("Slurm is ending the job (SIGTERM)")
@@ -353,10 +385,22 @@ class NodeBootstrap:
                 phase = self.phases.current
             raise NodeFailed(self.node.node, phase, reason)
 
+    def _check_shared(self) -> None:
+        """The other nodes' news: a failure note, or node 0 stopping the job."""
+        for failure in self.attempt.failures():
+            if failure.get("node") != self.node.node:
+                raise NodeFailed(int(failure["node"]), str(failure["phase"]), str(failure["error"]))
+        end = read_json(self.attempt.end)
+        if isinstance(end, dict) and end.get("stopped"):
+            raise Stopping("the job is being stopped (preemption or time limit)")
+
     def _wait_for_note(
         self, path: Path, what: str, timeout_s: float | None = None
     ) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
+            if not self._shared_fresh:  # read with the other nodes' news, at their cadence
+                return None
+            self._shared_fresh = False
             note = read_json(path)
             return note if isinstance(note, dict) else None
 
@@ -368,9 +412,45 @@ class NodeBootstrap:
                 raise
             raise NodeFailed(self.node.node, self.phases.current, error.message) from None
 
+    def _name_silent_peers(self) -> None:
+        """Slurm ended the job: if a node did not say why (no stop, end or failure in its phase
+        log within PEER_WORD_S of the SIGTERM), it died first and srun ended the others
+        (--kill-on-bad-exit). Leave the failure note it could not, naming it and its phase, so
+        `deepdive status` tells its death from a cancel long after Slurm forgets the job."""
+        deadline = self.terminated_at + PEER_WORD_S
+        while True:
+            silent = [
+                other
+                for other in range(self.node.num_nodes)
+                if other != self.node.node and not self._has_word(other)
+            ]
+            if not silent or self.clock() >= deadline:
+                break
+            time.sleep(0.1)
+        for other in silent:
+            phase = last_phase(read_phases(self.attempt.phases(other)))
+            reason = (
+                "it ended without a word: its bootstrap was killed (SIGKILL, the out-of-memory "
+                "killer) or its host went down, and Slurm then ended the job (node "
+                f"{self.node.node} found no stop, end or failure in "
+                f"{self.attempt.phases(other).name})"
+            )
+            note = {"node": other, "phase": phase, "error": reason, "reported_by": self.node.node}
+            write_json(self.attempt.failed(other), {**note, "t": time.time()})
+            logger.error("job failed: node %d failed during %s: %s", other, phase, reason)
+            print(f"deepdive: node {other} failed during {phase}: {reason}", file=sys.stderr)
+
+    def _has_word(self, other: int) -> bool:
+        if self.attempt.failed(other).exists():
+            return True
+        lines = read_phases(self.attempt.phases(other))
+        return any(line.get("event") in FINAL_EVENTS for line in lines)
+
     def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
         """Slurm is ending the job (cancel, requeue, preemption). Like submitit, keep running
         (USR2 may follow, to checkpoint and requeue), but read children dying as expected."""
+        if not self.terminating:
+            self.terminated_at = self.clock()
         self.terminating = True
         logger.warning("SIGTERM: Slurm is ending the job; children ending now is expected")
 
@@ -387,18 +467,44 @@ class NodeBootstrap:
         return values
 
     def _stop_children(self) -> None:
+        """Every child told to stop at once and awaited together (SIGKILL after
+        bootstrap.stop_timeout_s): the node's teardown takes its slowest child's time, not
+        their sum, and fits in Slurm's KillWait. Each one's time goes to the phase log."""
         timeout = self.config.bootstrap.stop_timeout_s
-        if self.trainer is not None and self.trainer.poll() is None:
-            self.trainer.terminate()
-            try:
-                self.trainer.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.trainer.kill()
-                self.trainer.wait()
+        stops: dict[str, Callable[[], None]] = {"trainer": lambda: self._stop_trainer(timeout)}
         for service in self.services:
-            service.stop(timeout)
+            stops[service.name] = functools.partial(service.stop, timeout)
         if self.ray is not None:
-            self.ray.stop(timeout)
+            stops["ray"] = functools.partial(self.ray.stop, timeout)
+        started = time.monotonic()
+        seconds: dict[str, float] = {}
+
+        def stop(name: str, action: Callable[[], None]) -> None:
+            try:
+                action()
+            finally:
+                seconds[name] = round(time.monotonic() - started, 3)
+
+        threads = [
+            threading.Thread(target=stop, args=item, name=f"stop-{item[0]}", daemon=True)
+            for item in stops.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.phases.record("job", "children_stopped", seconds=seconds)
+
+    def _stop_trainer(self, timeout: float) -> None:
+        trainer = self.trainer
+        if trainer is None or trainer.poll() is not None:
+            return
+        trainer.terminate()
+        try:
+            trainer.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            trainer.kill()
+            trainer.wait()
 
 
 def reachable(url: str, address: str) -> str:

@@ -144,7 +144,10 @@ class BootstrapTable:
     the job fails naming the one that is missing."""
 
     join_timeout_s: float = 300.0
-    stop_timeout_s: float = 15.0  # per process, SIGTERM before SIGKILL
+    # SIGTERM to SIGKILL for a node's children, all stopped at once: the whole teardown must fit
+    # in Slurm's KillWait (30 s by default, 5 s on scripts/local-slurm.sh's cluster), and a
+    # Ray driver told to stop (the trainer) can hang in its exit handlers
+    stop_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
         require(self.join_timeout_s > 0, "bootstrap.join_timeout_s", "> 0", self.join_timeout_s)

@@ -100,3 +100,17 @@ def read_phases(path: Path) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError:
             continue
     return lines
+
+
+def last_phase(lines: list[dict[str, Any]]) -> str:
+    """The phase a node was in at its last record (the innermost one begun and not ended)."""
+    open_phases: list[str] = []
+    for line in lines:
+        phase, event = line.get("phase"), line.get("event")
+        if phase == "job" or not isinstance(phase, str):
+            continue
+        if event == "start":
+            open_phases.append(phase)
+        elif phase in open_phases:
+            open_phases.remove(phase)
+    return open_phases[-1] if open_phases else "start"

@@ -1,12 +1,17 @@
-"""One node's Ray: `ray start --block` as a child process, on the node's planned ports.
+"""One node's Ray: `ray start --block` on the node's planned ports, under a keeper
+(slurm.ray_keeper) that stops it, copies its session logs into the attempt folder and removes
+its temp dir however the job ends.
 
 `--block` keeps `ray start` in the foreground, watching the processes it started and taking
-them down with it; Ray shares their fate with it through the kernel (PR_SET_PDEATHSIG), and we
-share its fate with us the same way, so a bootstrap killed by SIGKILL still leaves no Ray
-behind. It runs in a process group of its own and is stopped by that group, never with
+them down with it; Ray shares their fate with it through the kernel (PR_SET_PDEATHSIG), it
+shares the keeper's, and the keeper ours, so a bootstrap killed by SIGKILL still leaves no Ray
+behind. Ray runs in a process group of its own and is stopped by that group, never with
 `ray stop --force` (which kills every Ray process on the host, another job's too). Each node
 has a custom resource, `deepdive_node_K`, that places work on that node: emulated nodes on
 one host register with the same IP, so the IP cannot tell them apart.
+
+Ray's log monitor runs on every node: what an actor prints (and its traceback) reaches the
+driver's console, on node 0 the trainer's, so node-0.log shows it while the job runs.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,8 +30,23 @@ from services.exceptions import ServiceError
 from services.process import child_preexec, log_tail
 from services.waiting import WaitTimeout, wait_for
 from slurm.ports import NodePorts
+from slurm.ray_keeper import end_group
 
 STARTED = "Ray runtime started."
+# What a Ray worker writes (worker-*.err in the session's logs) when the node's worker port
+# range is used up: it cannot register, the raylet starts another, and actors wait forever.
+NO_WORKER_PORT = "No available ports"
+# What every Ray process of a job runs with (Ray's nodes, so every actor, and the trainer):
+# - no drain on SIGTERM: it waits up to 30 s for Ray Serve proxies a job has none of, longer
+#   than Slurm's KillWait, so Ray outlived the job and its temp dir stayed
+# - no stack dump on SIGTERM: Ray's C++ failure handler prints a trace for every SIGTERM Slurm
+#   sends on a cancel or requeue; crashes still dump Python's (faulthandler, on in every worker)
+# - actors' lines forwarded to the driver's console without colour codes (it is a log file)
+RAY_ENVIRONMENT = {
+    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
+    "RAY_COLOR_PREFIX": "0",
+}
 
 
 def node_resource(node: int) -> str:
@@ -49,6 +68,7 @@ class RayNode:
         head_address: str | None,
         temp_dir: Path,
         log_path: Path,
+        logs_to: Path,
         num_cpus: int,
         num_gpus: int,
         environment: dict[str, str],
@@ -59,10 +79,12 @@ class RayNode:
         self.head_address = head_address  # None: this node is the head
         self.temp_dir = temp_dir
         self.log_path = log_path
+        self.logs_to = logs_to  # where the keeper copies Ray's session logs at the end
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self.environment = environment
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None  # the keeper
+        self._worker_logs_read: dict[str, int] = {}
 
     @property
     def address(self) -> str:
@@ -100,23 +122,36 @@ class RayNode:
             f"--resources={json.dumps({node_resource(self.node): 1})}",
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
-            # no log monitor (about 1 s of every node's start): workers' output stays in Ray's
-            # session logs; their errors still reach the trainer, as exceptions
-            "--include-log-monitor=false",
+        ]
+
+    def keeper_command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "slurm.ray_keeper",
+            f"--temp-dir={self.temp_dir}",
+            f"--logs-to={self.logs_to}",
+            "--",
+            *self.command(),
         ]
 
     def launch(self) -> None:
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        environment = {**os.environ, **self.environment, "RAY_USAGE_STATS_ENABLED": "0"}
+        environment = {
+            **os.environ,
+            **self.environment,
+            **RAY_ENVIRONMENT,
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         environment.pop("RAY_ADDRESS", None)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(  # noqa: S603 (ray's own CLI, fixed arguments)
-                self.command(),
+                self.keeper_command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=environment,
-                start_new_session=True,  # its own process group: stopped as one
+                start_new_session=True,  # its own process group, and Ray's is another
                 preexec_fn=child_preexec,
             )
 
@@ -155,23 +190,51 @@ class RayNode:
     def log_tail(self) -> str:
         return log_tail(self.log_path)
 
+    def worker_port_exhaustion(self) -> str | None:
+        """Why actors on this node never start, when Ray's workers say they found no free
+        port in the node's range (read from the session's worker logs on local disk, only
+        what was added since the last call); None while none did."""
+        logs = self.temp_dir / "session_latest" / "logs"
+        try:
+            candidates = [path for path in logs.iterdir() if path.name.startswith("worker-")]
+        except OSError:
+            return None
+        for path in candidates:
+            if not path.name.endswith(".err"):
+                continue
+            offset = self._worker_logs_read.get(path.name, 0)
+            try:
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    added = handle.read()
+            except OSError:
+                continue
+            self._worker_logs_read[path.name] = offset + len(added)
+            if NO_WORKER_PORT.encode() in added:
+                ports = self.ports
+                return (
+                    f"Ray ran out of worker ports: every Ray worker holds one port of the "
+                    f"node's range {ports.ray_min_worker}-{ports.ray_max_worker} "
+                    f"({ports.worker_ports} ports, for {self.num_cpus} CPUs and "
+                    f"{self.num_gpus} GPUs) and none was free, so actors started now would "
+                    f"wait forever (Ray's worker log {path.name}: {NO_WORKER_PORT!r})"
+                )
+        return None
+
     def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM to the process group (ray start shuts its processes down), SIGKILL to
-        whatever of the group is left after `timeout_s`."""
+        """SIGTERM to the keeper (it ends Ray's process group, copies Ray's session logs and
+        removes the temp dir); SIGKILL to both groups if it is not done after `timeout_s`."""
         process, self.process = self.process, None
         if process is None:
             return
-        group = process.pid
-        _signal_group(group, signal.SIGTERM)
-        with contextlib.suppress(WaitTimeout):
-            wait_for(
-                lambda: not _group_alive(group),
-                timeout_s=timeout_s,
-                what="ray's processes to exit",
-            )
-        _signal_group(group, signal.SIGKILL)  # whatever of the group is left
-        process.wait()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)  # sockets and session logs
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        end_group(process.pid, 0)  # anything left of the keeper's group, at once
 
 
 def _has_ray_client() -> bool:
@@ -179,23 +242,3 @@ def _has_ray_client() -> bool:
     a head serves Ray Client, on port 10001 unless told otherwise, and two heads on one host
     would collide there."""
     return importlib.util.find_spec("grpc") is not None
-
-
-def _signal_group(group: int, number: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, number)
-
-
-def _group_alive(group: int) -> bool:
-    """Whether any process of the group still runs (zombies do not count)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == group and state != "Z":
-            return True
-    return False

@@ -8,7 +8,9 @@ each other there.
     RUN/submitit/               submitit's folder: the pickled job, sbatch scripts, task logs
     RUN/attempts/JOB-RESTART/   one folder per attempt (a requeue is a new attempt):
         node-K.log                  node K's console: bootstrap, and on node 0 the trainer
-        node-K/                     node K's service and Ray logs
+        node-K/                     node K's service logs and `ray start`'s
+        node-K/ray/                 Ray's session logs on node K (every actor's output), copied
+                                    when its Ray stops
         node-K.phases.jsonl         node K's phases, timestamped
         storage/node-K              node K's proof that it writes where the others read
         head.json                   the Ray head's address (node 0)
@@ -16,6 +18,7 @@ each other there.
         node-K.json                 node K is ready: its ports and service URLs
         failed-node-K.json          node K failed: the phase and why
         end.json                    node 0: the trainer ended (exit code), everyone stops
+    RUN/logs/tensorboard/       the trainer's TensorBoard events (what `deepdive status` reads)
     RUN/checkpoints, logs/, ...  the backend's own files (checkpoints, metrics)
 
 Every note is written whole (a partial file renamed into place), so a reader on another node
@@ -123,6 +126,10 @@ class RunFolder:
     @property
     def submitit(self) -> Path:
         return self.root / "submitit"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "logs" / "tensorboard"
 
     @property
     def attempts(self) -> Path:

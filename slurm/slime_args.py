@@ -216,6 +216,8 @@ def slime_arguments(
                 ],
             )
         )
+    # TensorBoard events (the directory: TENSORBOARD_DIR, set by the backend) for `deepdive status`
+    groups.append(("LOGGING_ARGS", ["--use-tensorboard"]))
     if slime.extra_args:
         groups.append(("EXTRA_ARGS", list(slime.extra_args)))
     return SlimeCommand(groups, custom_config(config, services))

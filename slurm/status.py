@@ -1,7 +1,9 @@
 """What a run is doing, read from its folder (and Slurm): `deepdive status`.
 
 Everything comes from files the job writes anyway: the jobs it was submitted as, the newest
-attempt and its phase logs, the failure notes, the backend's metrics, the finished note.
+attempt and its phase logs, the failure notes, the trainer's TensorBoard events (slime's
+`--use-tensorboard` and the local backend both write them to RUN/logs/tensorboard), the
+finished note.
 """
 
 from __future__ import annotations
@@ -14,8 +16,14 @@ from typing import Any
 import orjson
 
 from services.exceptions import ConfigError
+from slurm import event_files
 from slurm.phases import read_phases
 from slurm.run_folder import RunFolder, read_json
+
+# The tag of the mean training reward of a step: slime's rollout/raw_reward (slime/ray/rollout.py and
+# slime/observability/train_metric_utils.py at 624b824, logged with step "rollout/step"), the
+# local backend's reward_mean (deepdive/local/run_log.py).
+REWARD_TAGS = ("rollout/raw_reward", "reward_mean")
 
 
 def jobs_index() -> Path:
@@ -64,9 +72,10 @@ class RunStatus:
     nodes: dict[int, str] = field(default_factory=dict)  # each node's newest phase
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: value for key, value in self.__dict__.items() if key != "run"} | {
-            "run": str(self.run)
-        }
+        """JSON's keys are strings: the nodes' numbers become "0", "1", ..."""
+        fields = {key: value for key, value in self.__dict__.items() if key != "run"}
+        fields["nodes"] = {str(node): phase for node, phase in self.nodes.items()}
+        return fields | {"run": str(self.run)}
 
 
 def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
@@ -89,17 +98,9 @@ def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
                 last = lines[-1]
                 status.nodes[int(last["node"])] = f"{last['phase']} {last['event']}"
         status.phase = status.nodes.get(0)
-    metrics = run.root / "logs" / "metrics.jsonl"
-    if metrics.is_file():
-        rows = [line for line in metrics.read_bytes().splitlines() if line.strip()]
-        for line in reversed(rows):
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            status.step = row.get("step")
-            status.reward = row.get("reward_mean")
-            break
+    reward = event_files.latest(run.tensorboard, REWARD_TAGS)
+    if reward is not None:
+        status.step, status.reward = reward.step, reward.value
     note = read_json(run.finished)
     if isinstance(note, dict):
         status.finished = True

@@ -158,6 +158,17 @@ def tiny_job(folder: Path, steps: int = 4, *sets: str) -> list[str]:
     return [str(TINY_JOB), *(item for value in overrides for item in ("--set", value))]
 
 
+class FakeClock:
+    """A monotonic clock a test moves by hand (`clock.now += 5`): waiting and polling decisions
+    tested without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def submitted_job_id(output: str) -> str:
     found = re.search(r"submitted job (\d+)", output)
     assert found, output

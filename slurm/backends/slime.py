@@ -21,7 +21,7 @@ import yaml
 
 from slurm.backends import ServiceSpec
 from slurm.config import ExperimentConfig
-from slurm.run_folder import AttemptFolder
+from slurm.run_folder import AttemptFolder, RunFolder
 from slurm.slime_args import render, slime_arguments, slime_checkpoints
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
@@ -55,6 +55,9 @@ class SlimeBackend:
             "SLIME_HOST_IP": node_ip,
             "PYTHONUNBUFFERED": "1",
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+            # where --use-tensorboard writes (slime/observability/tensorboard_utils.py at
+            # 624b824 reads it in every actor that logs); `deepdive status` reads it
+            "TENSORBOARD_DIR": str(RunFolder(Path(self.config.run.folder)).tensorboard),
         }
         if slime.socket_ifname:
             environment["GLOO_SOCKET_IFNAME"] = slime.socket_ifname

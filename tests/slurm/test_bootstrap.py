@@ -16,10 +16,15 @@ import submitit
 from deepdive.rollout_settings import RolloutSettings
 from services.workers import MAX_DEFAULT_WORKERS
 from slurm.backends import build_backend
-from slurm.bootstrap import NodeBootstrap, NodeJob, drilled
+from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled
+from slurm.cadence import LONG_POLL_S
 from slurm.config import load_experiment
 from slurm.environment import NodeInfo, current_node
-from slurm.ports import plan_node_ports
+from slurm.phases import NodeFailed, PhaseLog
+from slurm.ports import HIGH, plan_node_ports
+from slurm.run_folder import RunFolder
+from slurm.status import run_status
+from tests.helpers import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "cluster-tiny.toml"
@@ -140,3 +145,83 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
     assert RolloutSettings("http://s:1", urls["tools"], urls["reward"]).tool_server_urls == tuple(
         workers
     )
+
+
+def bootstrap_at(tmp_path: Path, node: int, clock: FakeClock, cpus: int = 2) -> NodeBootstrap:
+    config = load_experiment(TINY, [f'run.folder="{tmp_path / "run"}"'])
+    return NodeBootstrap(config, NodeInfo("4711", node, 2, "host", "n1", 0, cpus), clock)
+
+
+def test_a_serving_node_reads_the_shared_file_system_every_few_seconds_not_every_poll(
+    tmp_path: Path,
+) -> None:
+    """While the job starts, a failure note is seen at the next poll; once a node serves (or
+    trains), it reads the shared folder every LONG_POLL_S and no more often (it had read it
+    every 0.25 s for the whole run: ~700 metadata operations a minute per node)."""
+    clock = FakeClock()
+    bootstrap = bootstrap_at(tmp_path, 1, clock)
+    bootstrap._check()  # starting: reads at once
+    failure = {"node": 0, "phase": "training", "error": "boom"}
+    bootstrap.attempt.root.mkdir(parents=True, exist_ok=True)
+    (bootstrap.attempt.failed(0)).write_bytes(orjson.dumps(failure))
+    with pytest.raises(NodeFailed, match="node 0 failed during training: boom"):
+        bootstrap._check()
+
+    clock = FakeClock()
+    bootstrap = bootstrap_at(tmp_path, 1, clock)
+    bootstrap.shared.slow_down()  # what the serving phase does
+    bootstrap.attempt.failed(0).unlink()
+    bootstrap._check()  # t = 0: reads, nothing there
+    bootstrap.attempt.failed(0).write_bytes(orjson.dumps(failure))
+    for _ in range(19):  # polls 0.25 s apart: none of them reads the shared folder
+        clock.now += 0.25
+        bootstrap._check()
+    clock.now += 0.25  # LONG_POLL_S after the last read
+    assert clock.now - 1000.0 == LONG_POLL_S
+    with pytest.raises(NodeFailed, match="node 0 failed during training"):
+        bootstrap._check()
+
+
+def test_a_gpu_node_gives_ray_a_worker_port_for_every_cpu_and_actor(tmp_path: Path) -> None:
+    """Ray keeps up to one idle or prestarted worker per CPU and every slime actor (its own
+    runtime env) has a process of its own, each holding a worker port: the recipe's nodes
+    (64 CPUs, 8 GPUs) had 40 ports, and slime's actors waited for one forever."""
+    config = load_experiment(TINY, [f'run.folder="{tmp_path}"', "slurm.gpus_per_node=8"])
+    bootstrap = NodeBootstrap(config, NodeInfo("4712", 0, 2, "host", "n1", 0, 64))
+    ports, _ = bootstrap._plan_ports()
+    assert ports.worker_ports >= 64 + 3 * 8
+    named = {port for name, port in ports.all_ports() if not name.startswith("ray_")}
+    workers = set(range(ports.ray_min_worker, ports.ray_max_worker + 1))
+    assert not named & workers and max(workers) < HIGH
+    other = NodeBootstrap(config, NodeInfo("4712", 1, 2, "host", "n1", 0, 64))._plan_ports()[0]
+    assert not {p for _, p in other.all_ports()} & {p for _, p in ports.all_ports()}
+
+
+def test_node_0_names_a_peer_that_ended_without_a_word(tmp_path: Path) -> None:
+    """Slurm ended the job (srun's --kill-on-bad-exit after node 1's bootstrap was killed):
+    node 0 finds node 1's phase log open in its serving phase and leaves the failure note
+    node 1 could not; a node that stopped as told is not named."""
+    clock = FakeClock()
+    bootstrap = bootstrap_at(tmp_path, 0, clock)
+    for node, events in ((1, ["start"]), (0, ["start", "stopped"])):
+        log = PhaseLog(bootstrap.attempt.phases(node), node, "4711-0")
+        log.record("serving" if node else "training", "start")
+        if "stopped" in events:
+            log.record("job", "stopped", reason="SIGTERM")
+    bootstrap._on_sigterm(15, None)
+    clock.now += PEER_WORD_S  # node 1 said nothing for this long
+    bootstrap._name_silent_peers()
+    note = orjson.loads(bootstrap.attempt.failed(1).read_bytes())
+    assert (note["node"], note["phase"], note["reported_by"]) == (1, "serving", 0)
+    assert "killed" in note["error"]
+    status = run_status(RunFolder(tmp_path / "run"))
+    assert status.failures and status.failures[0]["node"] == 1
+
+    quiet = bootstrap_at(tmp_path / "b", 0, clock)
+    log = PhaseLog(quiet.attempt.phases(1), 1, "4711-0")
+    log.record("serving", "start")
+    log.record("job", "stopped", reason="SIGTERM")
+    log.record("job", "children_stopped", seconds={"ray": 1.1})  # its teardown, after
+    quiet._on_sigterm(15, None)
+    quiet._name_silent_peers()
+    assert not quiet.attempt.failed(1).exists()

@@ -4,8 +4,10 @@ on this host, started by scripts/local-slurm.sh): real Ray, real services, real 
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +29,30 @@ from tests.helpers import (
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 
+# A Ray actor placed on node 1 (its custom resource) that prints and raises in its constructor:
+# run as a driver of the job's Ray cluster from outside, as slime's train.py runs on node 0.
+FAILING_ACTOR = """
+import sys, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], logging_level="ERROR")
+# node 1's Ray node (its deepdive_node_1 unit is the rollout worker's): placed there by id
+(node_1,) = [n["NodeID"] for n in ray.nodes() if "deepdive_node_1" in n["Resources"]]
+
+@ray.remote(num_cpus=0)
+class Doomed:
+    def __init__(self):
+        print("actor-on-node-1 says hello", flush=True)
+        raise ValueError("actor-on-node-1 breaks")
+
+    def ping(self):
+        return 1
+
+doomed = Doomed.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_1, soft=False))
+try:
+    ray.get(doomed.remote().ping.remote(), timeout=120)
+except Exception as error:
+    print("driver saw", type(error).__name__, flush=True)
+"""
 CANARY_KEY = "serper-canary-7f3e9a41c2b8d605"
 CANARY_TOKEN = "service-token-canary-51c0ffee9e2d"
 JOB_TIMEOUT_S = 300
@@ -54,6 +80,18 @@ def attempts(run: Path) -> list[Path]:
 
 def note(path: Path) -> Any:
     return orjson.loads(path.read_bytes())
+
+
+def ray_temp_dirs(job_id: str) -> list[Path]:
+    return list(Path("/tmp").glob(f"dd-{job_id}-*"))  # where the bootstrap puts them
+
+
+def phase_times(attempt: Path, node: int) -> dict[tuple[str, str], float]:
+    lines = [
+        orjson.loads(line)
+        for line in (attempt / f"node-{node}.phases.jsonl").read_bytes().splitlines()
+    ]
+    return {(line["phase"], line["event"]): line["t"] for line in lines}
 
 
 def weights(folder: Path) -> dict[str, Any]:
@@ -142,6 +180,12 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
 
     assert not processes_of_job(job_id)  # nothing of the job outlives it
+    assert not ray_temp_dirs(job_id)
+    # the teardown of a normal end (Ray's, the services'): it was 15.6 s (Ray's 30 s drain cut
+    # by stop_timeout_s 15), and must fit well inside Slurm's KillWait
+    times = phase_times(attempt, 0)
+    assert times[("job", "end")] - times[("training", "done")] < 6.0, times
+    assert (attempt / "node-1" / "ray" / "raylet.out").is_file()  # Ray's session logs, kept
 
     status = deepdive("status", job_id, env=job_env)  # by job id, through the CLI's index
     assert status.returncode == 0, status.stderr
@@ -224,15 +268,65 @@ def test_a_node_that_cannot_start_its_services_fails_the_job_fast(
 def test_cancelling_a_run_ends_its_job_and_leaves_nothing_running(
     job_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """Also: an actor's print and traceback on node 1 are kept in the attempt folder, no Ray
+    process or temp dir outlives the job (Ray ends within Slurm's KillWait, 5 s here), and the
+    stop reads as the bootstrap's own line, no stack dumps."""
     run = tmp_path / "run"
     job_id = submit(tiny_job(run, 400), job_env)
     wait_until(lambda: (run / "logs" / "metrics.jsonl").is_file(), JOB_TIMEOUT_S, "training")
+    (attempt,) = attempts(run)
+    driver = subprocess.run(
+        [sys.executable, "-c", FAILING_ACTOR, note(attempt / "head.json")["address"]],
+        env=job_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert "driver saw ActorDiedError" in driver.stdout, driver.stdout + driver.stderr
     cancelled = deepdive("cancel", str(run), env=job_env)
     assert cancelled.returncode == 0 and f"cancelled job {job_id}" in cancelled.stdout
     wait_until(lambda: job_left_queue(job_id, job_env), 60, "the cancelled job to end")
     assert job_fields(job_id, job_env)["JobState"] == "CANCELLED"
     assert not (run / "finished.json").exists()
     # the services, Ray and the trainer went with SIGTERM; the bootstraps with Slurm's SIGKILL
+    assert not ray_temp_dirs(job_id)  # removed before Slurm's SIGKILL, which ends the job
     wait_until(lambda: not processes_of_job(job_id), 30, "the job's processes to be gone")
-    (attempt,) = attempts(run)
     assert not list(attempt.glob("failed-node-*.json"))  # a cancel is not a failure
+    kept = "".join(
+        path.read_text(errors="replace")
+        for path in (attempt / "node-1" / "ray").glob("worker-*")
+        if path.is_file()
+    )
+    assert "actor-on-node-1 says hello" in kept
+    assert "ValueError: actor-on-node-1 breaks" in kept and "in __init__" in kept  # its traceback
+    console = (attempt / "node-0.log").read_text()
+    assert console.count("SIGTERM: Slurm is ending the job") == 1
+    assert "SIGTERM received" not in console and "logging.cc" not in console
+
+
+def test_a_node_whose_bootstrap_is_killed_is_named_and_leaves_nothing_running(
+    job_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Node 1's bootstrap SIGKILLed while it serves: srun ends the job, node 0 names node 1
+    and its phase in a failure note, which `deepdive status` shows (Slurm's own record says
+    only "task 1: Killed", and forgets the job)."""
+    run = tmp_path / "run"
+    job_id = submit(tiny_job(run, 400), job_env)
+    wait_until(lambda: (run / "logs" / "metrics.jsonl").is_file(), JOB_TIMEOUT_S, "training")
+    (bootstrap,) = [
+        int(line.split(":", 1)[0])
+        for line in processes_of_job(job_id)
+        if "submitit.core._submit" in line
+        and b"SLURM_NODEID=1"
+        in Path(f"/proc/{line.split(':', 1)[0]}/environ").read_bytes().split(b"\0")
+    ]
+    os.kill(bootstrap, signal.SIGKILL)
+    wait_until(lambda: job_left_queue(job_id, job_env), 60, "the job to end")
+    assert job_fields(job_id, job_env)["JobState"] == "FAILED"
+    (attempt,) = attempts(run)
+    failure = note(attempt / "failed-node-1.json")
+    assert (failure["node"], failure["phase"], failure["reported_by"]) == (1, "serving", 0)
+    status = deepdive("status", str(run), env=job_env)
+    assert "FAILED    node 1 during serving: it ended without a word" in status.stdout
+    assert not ray_temp_dirs(job_id)  # node 1's Ray ended with its keeper
+    wait_until(lambda: not processes_of_job(job_id), 30, "the job's processes to be gone")

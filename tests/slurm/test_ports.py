@@ -103,7 +103,7 @@ def test_no_free_block_is_a_clear_error() -> None:
             holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             holder.bind(("0.0.0.0", plan.ray_gcs))
             holder.listen()
-        with pytest.raises(PortsUnavailable, match="no free block"):
+        with pytest.raises(PortsUnavailable, match="no free span"):
             plan_node_ports("5", 0, 1)
     finally:
         for holder in holders:

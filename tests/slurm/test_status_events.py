@@ -1,0 +1,67 @@
+"""`deepdive status` reads the step and the reward from the TensorBoard events the trainer
+writes: slime's (`--use-tensorboard`, TENSORBOARD_DIR: RUN/logs/tensorboard, its tag names at
+624b824) and the local backend's. The files here are written by tensorboardX, as a real writer
+leaves them: several processes' files side by side, a requeued attempt writing its steps again,
+a record cut short at the end of a live file."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from slurm.run_folder import RunFolder
+from slurm.status import run_status
+from tests.helpers import DEEPDIVE
+
+tensorboardX = pytest.importorskip("tensorboardX")
+
+
+def write(folder: Path, scalars: list[tuple[str, float, int]], suffix: str) -> Path:
+    writer = tensorboardX.SummaryWriter(str(folder), filename_suffix=suffix)
+    for tag, value, step in scalars:
+        writer.add_scalar(tag, value, step)
+    writer.close()
+    (path,) = folder.glob(f"*{suffix}")
+    return path
+
+
+def test_status_shows_a_slime_runs_step_and_reward_from_its_tensorboard_events(
+    tmp_path: Path,
+) -> None:
+    run = RunFolder(tmp_path / "run")
+    run.root.mkdir()
+    (run.root / "config.toml").write_text('[run]\nfolder = "x"\n')
+    events = run.root / "logs" / "tensorboard"  # RunFolder.tensorboard, spelled out
+    # the rollout manager and the trainer each write their own file (slime/observability:
+    # rollout/* with step "rollout/step", train/* with "train/step", eval/* with "eval/step")
+    write(events, [("rollout/raw_reward", 0.1 * s, s) for s in range(1, 8)], ".rollout")
+    write(events, [("train/loss", 1.0 / s, s) for s in range(1, 30)], ".train")
+    write(events, [("eval/bc", 0.5, 5)], ".eval")
+    time.sleep(0.01)
+    # a requeue resumed from step 5 and has written 6 again since: the run is at step 6
+    requeued = write(events, [("rollout/raw_reward", 0.9, 6)], ".requeued")
+    with requeued.open("ab") as live:  # the writer was in the middle of its next record
+        live.write(b"\x40\x00\x00\x00\x00\x00\x00\x00\x01\x02")
+    status = run_status(run)
+    assert status.step == 6 and status.reward == pytest.approx(0.9)
+
+    shown = subprocess.run(
+        [*DEEPDIVE, "status", str(run.root), "--json"], capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert orjson.loads(shown.stdout)["step"] == 6
+
+
+def test_status_reads_the_local_backends_events_too(tmp_path: Path) -> None:
+    run = RunFolder(tmp_path)
+    write(
+        run.root / "logs" / "tensorboard",
+        [("reward_mean", 0.25, 1), ("reward_mean", 0.5, 2)],
+        ".local",
+    )
+    status = run_status(run)
+    assert (status.step, status.reward) == (2, 0.5)

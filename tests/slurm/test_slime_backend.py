@@ -36,6 +36,8 @@ QWEN25_32B = {  # what Qwen2.5-32B-Instruct's config.json says
     "num_key_value_heads": 8,
     "rope_theta": 1000000.0,
     "vocab_size": 152064,
+    "max_position_embeddings": 32768,  # the context it serves (no rope_scaling)
+    "tie_word_embeddings": False,
 }
 
 

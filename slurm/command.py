@@ -43,7 +43,8 @@ def run_submit(args: argparse.Namespace) -> None:
     if config.run.backend == "slime":
         from slurm.slime_checks import check_slime
 
-        check_slime(config)
+        for warning in check_slime(config):
+            print(f"warning: {warning}", file=sys.stderr)
     run = RunFolder(config.folder)
     backend = build_backend(config)
     if args.dry_run:

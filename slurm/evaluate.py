@@ -8,6 +8,10 @@ or by SGLang (backend slime: a Hugging Face folder, e.g. what `deepdive convert-
 to-hf` wrote; SGLang must be installed: the training image on a GPU node). `latest` is the
 run's newest: RUN/final_model or its newest step checkpoint (local), the Hugging Face
 conversion of the newest complete training checkpoint (slime).
+
+SGLang serves each checkpoint with the context training used (`--context-length`,
+slurm/model_context.py): an episode longer than the checkpoint's config.json allows is refused
+before SGLang starts, not turn by turn.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from services.process import ServiceProcess
 from slurm.backends import build_backend
 from slurm.config import ExperimentConfig, local_run_config
 from slurm.eval_report import episode_row, print_table, summarize
+from slurm.model_context import check_episode_fits, model_context, read_config, served_context
+from slurm.slime_args import sglang_context_length
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,9 @@ def serve(
     if config.run.backend == "slime":
         from slurm.sglang_server import sglang_server
 
-        with sglang_server(checkpoint.path, logs / "sglang.log") as url:
+        context = check_served_context(config, checkpoint.path)
+        tensor = config.slime.resources.rollout_num_gpus_per_engine
+        with sglang_server(checkpoint.path, logs / "sglang.log", context, tensor) as url:
             yield url, None
         return
     from deepdive.local.model import load_model
@@ -132,6 +140,23 @@ def serve(
         model, tokenizer = load_model(checkpoint.path)
     with engine_server(model, tokenizer, local.rollout.max_batch) as (url, _engine):
         yield url, tokenizer
+
+
+def check_served_context(config: ExperimentConfig, model: Path) -> int:
+    """The context SGLang serves `model` with for this evaluation (training's), refusing one
+    the model's config.json does not allow or that an episode would not fit."""
+    slime = config.slime
+    context = model_context(read_config(model), str(model / "config.json"))
+    served = served_context(context, sglang_context_length(slime), "slime.sglang.context_length")
+    check_episode_fits(
+        context,
+        served,
+        slime.rollout.max_context_len,
+        slime.rollout.max_response_len,
+        "slime.rollout.max_context_len",
+        "slime.rollout.max_response_len",
+    )
+    return served
 
 
 def rollout_limits(config: ExperimentConfig) -> tuple[RolloutSettings, int]:
@@ -173,6 +198,9 @@ def evaluate(
 
     from deepdive.local.episodes import rollout_batch
 
+    if config.run.backend == "slime":  # before anything starts: each checkpoint's context
+        for checkpoint in checkpoints:
+            check_served_context(config, checkpoint.path)
     template, budget = rollout_limits(config)
     params = {"max_new_tokens": budget, "temperature": temperature, "top_p": 1.0}
     summaries: dict[str, dict[str, Any]] = {}

@@ -12,7 +12,15 @@ config key and what was expected:
   layers, heads, KV heads, vocabulary, FFN size, rope theta;
 - no pair slime cannot run with our hooks: --group-rm with evaluation sets, --partial-rollout,
   the fully-async rollout; services every node's rollout can reach when the job has more than
-  one node.
+  one node;
+- every episode fits the context SGLang serves: max_context_len and the response budget
+  against config.json and --sglang-context-length (slurm/model_context.py), so no turn is
+  refused and ABORTED;
+- flash attention is not asked of a multi-latent-attention model (slime's scripts leave it out).
+
+One estimate warns instead of refusing: a training GPU's memory (weights, gradients, Adam's
+states, activations, logits; slurm/memory_estimate.py) against slime.resources.gpu_memory_gb,
+with the arithmetic. check_slime returns those warnings for the caller to print.
 """
 
 from __future__ import annotations
@@ -24,7 +32,15 @@ from typing import Any, NoReturn
 
 from services.exceptions import ConfigError
 from slurm.config import ExperimentConfig
-from slurm.slime_args import architecture, presets, slime_arguments
+from slurm.memory_estimate import estimate
+from slurm.model_context import (
+    check_episode_fits,
+    check_trainer_rope,
+    model_context,
+    read_config,
+    served_context,
+)
+from slurm.slime_args import architecture, presets, sglang_context_length, slime_arguments
 
 FLAGS = Path(__file__).with_name("slime_flags.json")
 # a model's config.json key -> the Megatron flag that must say the same
@@ -36,6 +52,7 @@ CONFIG_KEYS = {
     "num_key_value_heads": "--num-query-groups",
     "vocab_size": "--vocab-size",
     "rope_theta": "--rotary-base",
+    "rms_norm_eps": "--norm-epsilon",  # slime compares these too (megatron_utils/arguments.py:126)
 }
 REFUSED = {
     "--group-rm": "slime's evaluation asserts against group RM, and reward_func already "
@@ -59,7 +76,8 @@ def _fail(key: str, message: str) -> NoReturn:
     raise ConfigError(f"{key}: {message}")
 
 
-def check_slime(config: ExperimentConfig) -> None:
+def check_slime(config: ExperimentConfig) -> list[str]:
+    """Refuse what cannot run (a ConfigError naming the key); return the warnings."""
     slime = config.slime
     _check_required(config)
     _check_extra_args(slime.extra_args)
@@ -92,7 +110,15 @@ def check_slime(config: ExperimentConfig) -> None:
                 "slime.parallelism.tensor",
                 f"{tensor} does not divide the model's {count} {name}",
             )
-    _check_model_config(config, args)
+    hf = _read_model_config(config)
+    _check_model_config(config, args, hf)
+    _check_context(config, args, hf)
+    if slime.misc.attention_backend == "flash" and "--multi-latent-attention" in args:
+        _fail(
+            "slime.misc.attention_backend",
+            '"" for a model with multi-latent attention (slime\'s run scripts leave '
+            "--attention-backend flash out for MLA)",
+        )
     if slime.eval.sets and "--group-rm" in slime.extra_args:
         _fail("slime.extra_args", f"--group-rm with slime.eval.sets: {REFUSED['--group-rm']}")
     if config.slurm.nodes > 1 and config.services.host in ("127.0.0.1", "localhost", "::1"):
@@ -101,6 +127,42 @@ def check_slime(config: ExperimentConfig) -> None:
             "an address the other nodes reach (e.g. 0.0.0.0, with DEEPDIVE_SERVICE_TOKEN in "
             "the env file): slime's rollout may run on any node and calls node 0's services",
         )
+    return _memory_warnings(config, hf)
+
+
+def _read_model_config(config: ExperimentConfig) -> dict[str, Any]:
+    try:
+        return read_config(config.slime.model.hf_checkpoint)
+    except ConfigError as error:
+        _fail("slime.model.hf_checkpoint", error.message)
+
+
+def _check_context(config: ExperimentConfig, args: dict[str, str], hf: dict[str, Any]) -> None:
+    """Every turn of every episode is a request SGLang serves (slurm/model_context.py)."""
+    slime = config.slime
+    model = model_context(hf, str(Path(slime.model.hf_checkpoint) / "config.json"))
+    served = served_context(model, sglang_context_length(slime), "slime.sglang.context_length")
+    check_episode_fits(
+        model,
+        served,
+        slime.rollout.max_context_len,
+        slime.rollout.max_response_len,
+        "slime.rollout.max_context_len",
+        "slime.rollout.max_response_len",
+    )
+    check_trainer_rope(model, multi_latent_attention="--multi-latent-attention" in args)
+
+
+def _memory_warnings(config: ExperimentConfig, hf: dict[str, Any]) -> list[str]:
+    found = estimate(config, hf)
+    if found is None or found.fits():
+        return []
+    return [
+        f"a training GPU may run out of memory: about {found.total_gb:.0f} GB needed, "
+        f"slime.resources.gpu_memory_gb = {found.gpu_gb:g}\n{found.describe()}\n"
+        "  (recompute, dynamic batching with a smaller max_tokens_per_gpu, optimizer "
+        'cpu_offload or more tensor parallelism lower it; docs/slime.md, "Memory estimate")'
+    ]
 
 
 def _pins() -> str:
@@ -203,12 +265,8 @@ def _arguments(items: list[str]) -> dict[str, str]:
     return found
 
 
-def _check_model_config(config: ExperimentConfig, args: dict[str, str]) -> None:
+def _check_model_config(config: ExperimentConfig, args: dict[str, str], hf: dict[str, Any]) -> None:
     path = Path(config.slime.model.hf_checkpoint) / "config.json"
-    try:
-        hf = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        _fail("slime.model.hf_checkpoint", f"{path}: unreadable ({error})")
     hf = {**hf.get("text_config", {}), **hf}
     if "rope_theta" not in hf:
         hf["rope_theta"] = (hf.get("rope_parameters") or {}).get("rope_theta")

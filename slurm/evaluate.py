@@ -11,12 +11,15 @@ conversion of the newest complete training checkpoint (slime).
 
 SGLang serves each checkpoint with the context training used (`--context-length`,
 slurm/model_context.py): an episode longer than the checkpoint's config.json allows is refused
-before SGLang starts, not turn by turn.
+before SGLang starts, not turn by turn. The services get the env file's keys
+(`services.env_file`: the search keys, the service token) as training's nodes give them, and
+this process sends the file's token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -29,7 +32,9 @@ from rich.console import Console
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
+from services.logs import register_secret
 from services.process import ServiceProcess
+from services.secrets import TOKEN_ENV, load_env_file
 from slurm.backends import build_backend
 from slurm.config import ExperimentConfig, local_run_config
 from slurm.eval_report import episode_row, print_table, summarize
@@ -100,14 +105,30 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def env_file_values(config: ExperimentConfig) -> dict[str, str]:
+    """`services.env_file`'s values, registered for log redaction (as the job's nodes do)."""
+    path = config.services.env_file
+    values = load_env_file(path) if path else {}
+    for value in values.values():
+        register_secret(value)
+    return values
+
+
 @contextmanager
 def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, str]]:
-    """The backend's services on loopback (free ports), for the duration of the evaluation."""
+    """The backend's services on loopback (free ports), with the env file's keys, for the
+    duration of the evaluation; the rollout here sends the file's service token."""
+    secrets = env_file_values(config)
     with ExitStack() as stack:
+        if TOKEN_ENV in secrets and not os.environ.get(TOKEN_ENV):
+            os.environ[TOKEN_ENV] = secrets[TOKEN_ENV]  # deepdive.clients reads it
+            stack.callback(os.environ.pop, TOKEN_ENV, None)
         urls = {}
         for spec in build_backend(config).services():
             arguments = [*spec.command_arguments(cores=None), "--host", "127.0.0.1"]
-            process = ServiceProcess(spec.name, arguments, logs / f"{spec.name}.log")
+            process = ServiceProcess(
+                spec.name, arguments, logs / f"{spec.name}.log", environment=secrets
+            )
             urls[spec.name] = stack.enter_context(process).url
         yield urls
 

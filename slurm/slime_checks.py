@@ -3,6 +3,9 @@ config key and what was expected:
 
 - every flag the argument builder emits, and every flag in `slime.extra_args`, exists at the
   pinned commits (slurm/slime_flags.json: slime silently ignores a flag it does not know);
+- the whole argv parses as slime's own parsers parse it (slurm/slime_replay.py, rebuilt from
+  the pin-time record): every value of the type and among the choices slime accepts, no token
+  that no parser takes;
 - the batch identity slime asserts: rollout_batch_size x n_samples_per_prompt =
   global_batch_size x num_steps_per_rollout;
 - the GPUs add up: actor nodes x GPUs per node plus rollout GPUs fit in the job (unless
@@ -41,6 +44,7 @@ from slurm.model_context import (
     served_context,
 )
 from slurm.slime_args import architecture, presets, sglang_context_length, slime_arguments
+from slurm.slime_replay import replay
 
 FLAGS = Path(__file__).with_name("slime_flags.json")
 # a model's config.json key -> the Megatron flag that must say the same
@@ -88,6 +92,13 @@ def check_slime(config: ExperimentConfig) -> list[str]:
     for flag in emitted.flags():
         if flag not in known:  # a bug of the builder: said so, with where the list comes from
             _fail("slime", f"the builder emits {flag}, which slime does not know at {_pins()}")
+    parsed = replay(emitted.arguments())  # a value slime's parsers refuse: a ConfigError
+    if parsed.ignored:
+        _fail(
+            "slime.extra_args",
+            f"{' '.join(parsed.ignored)}: none of slime's parsers takes it (slime would drop "
+            "it without a word)",
+        )
     rollout = slime.rollout
     samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
     steps = rollout.global_batch_size * rollout.num_steps_per_rollout

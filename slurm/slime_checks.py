@@ -18,8 +18,7 @@ config key and what was expected:
   one node;
 - every episode fits the context SGLang serves: max_context_len and the response budget
   against config.json and --sglang-context-length (slurm/model_context.py), so no turn is
-  refused and ABORTED;
-- flash attention is not asked of a multi-latent-attention model (slime's scripts leave it out).
+  refused and ABORTED.
 
 One estimate warns instead of refusing: a training GPU's memory (weights, gradients, Adam's
 states, activations, logits; slurm/memory_estimate.py) against slime.resources.gpu_memory_gb,
@@ -124,12 +123,6 @@ def check_slime(config: ExperimentConfig) -> list[str]:
     hf = _read_model_config(config)
     _check_model_config(config, args, hf)
     _check_context(config, args, hf)
-    if slime.misc.attention_backend == "flash" and "--multi-latent-attention" in args:
-        _fail(
-            "slime.misc.attention_backend",
-            '"" for a model with multi-latent attention (slime\'s run scripts leave '
-            "--attention-backend flash out for MLA)",
-        )
     if slime.eval.sets and "--group-rm" in slime.extra_args:
         _fail("slime.extra_args", f"--group-rm with slime.eval.sets: {REFUSED['--group-rm']}")
     if config.slurm.nodes > 1 and config.services.host in ("127.0.0.1", "localhost", "::1"):

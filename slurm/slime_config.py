@@ -278,8 +278,9 @@ AttentionBackend = Literal["flash", "fused", "unfused", "local", "auto", ""]
 class SlimeMisc:
     """What every slime run script passes as MISC_ARGS (scripts/run-*.sh at 624b824): Megatron's
     dropout defaults to 0.1, which RL fine-tuning does not want; fp32 gradient accumulation and
-    softmax "should be good for model performance"; flash attention ("" for a model with
-    multi-latent attention, where slime's scripts leave it out)."""
+    softmax "should be good for model performance"; flash attention (22 of its 23 run scripts
+    pass it; a comment says to drop it for MLA, which its Moonlight script does and its
+    DeepSeek and Kimi ones do not: "" leaves the flag out)."""
 
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0

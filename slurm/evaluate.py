@@ -168,7 +168,7 @@ def check_served_context(config: ExperimentConfig, model: Path) -> int:
     the model's config.json does not allow or that an episode would not fit."""
     slime = config.slime
     context = model_context(read_config(model), str(model / "config.json"))
-    served = served_context(context, sglang_context_length(slime), "slime.sglang.context_length")
+    served = served_context(context, slime.sglang.context_length, "slime.sglang.context_length")
     check_episode_fits(
         context,
         served,
@@ -177,7 +177,7 @@ def check_served_context(config: ExperimentConfig, model: Path) -> int:
         "slime.rollout.max_context_len",
         "slime.rollout.max_response_len",
     )
-    return served
+    return sglang_context_length(slime)  # what training's SGLang served (<= `served`)
 
 
 def rollout_limits(config: ExperimentConfig) -> tuple[RolloutSettings, int]:

@@ -42,7 +42,7 @@ from slurm.model_context import (
     read_config,
     served_context,
 )
-from slurm.slime_args import architecture, presets, sglang_context_length, slime_arguments
+from slurm.slime_args import architecture, presets, slime_arguments
 from slurm.slime_replay import replay
 
 FLAGS = Path(__file__).with_name("slime_flags.json")
@@ -145,7 +145,8 @@ def _check_context(config: ExperimentConfig, args: dict[str, str], hf: dict[str,
     """Every turn of every episode is a request SGLang serves (slurm/model_context.py)."""
     slime = config.slime
     model = model_context(hf, str(Path(slime.model.hf_checkpoint) / "config.json"))
-    served = served_context(model, sglang_context_length(slime), "slime.sglang.context_length")
+    # the configured one (0: SGLang derives it); the argv then passes max_context_len
+    served = served_context(model, slime.sglang.context_length, "slime.sglang.context_length")
     check_episode_fits(
         model,
         served,

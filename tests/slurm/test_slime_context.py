@@ -55,8 +55,8 @@ def test_deepdives_64000_tokens_on_a_32768_token_model_is_refused_with_the_numbe
     with pytest.raises(ConfigError) as error:
         check_slime(config)
     message = error.value.message
-    assert message.startswith("slime.")
-    assert "64000" in message and "32768" in message
+    assert message.startswith("slime.rollout.max_context_len: 64000 tokens per episode")
+    assert "SGLang serves 32768" in message and "max_position_embeddings 32768" in message
 
 
 def test_a_response_budget_past_the_context_is_refused(world: dict[str, Path]) -> None:
@@ -159,5 +159,6 @@ def test_eval_refuses_a_checkpoint_that_cannot_hold_an_episode_before_starting_a
             console=None,  # type: ignore[arg-type]  # never reached
         )
     message = error.value.message
-    assert "slime.sglang.context_length: 32768" in message and "16384" in message
+    assert message.startswith("slime.rollout.max_context_len: 32768")
+    assert "SGLang serves 16384" in message
     assert not (out / "logs").exists()  # no service was started

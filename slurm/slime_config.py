@@ -310,7 +310,7 @@ class SlimeDeepDive:
 class SlimeSection:
     slime_root: str = "/root/slime"  # where train.py is (slime's image)
     python_path: list[str] = field(default_factory=lambda: ["/root/slime", "/root/Megatron-LM"])
-    socket_ifname: str = ""  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; "" = let them choose
+    socket_ifname: str = ""  # GLOO/NCCL_SOCKET_IFNAME; "" = the one holding the node address
     model: SlimeModel = field(default_factory=SlimeModel)
     checkpoint: SlimeCheckpoint = field(default_factory=SlimeCheckpoint)
     parallelism: SlimeParallelism = field(default_factory=SlimeParallelism)

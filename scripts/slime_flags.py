@@ -18,17 +18,35 @@ does and lists their option strings, so it runs where slime, Megatron-LM and SGL
   was made; see its "sources".
 
 The output names, for each flag, the parser that defines it (slime, megatron, sglang, router)
-and whether it takes a value ("value") or none ("switch").
+and whether it takes a value ("value") or none ("switch"). Under "parsers" it records the
+four parsers slime's `parse_args` runs over train.py's argv, as slime builds them, each action
+with what argparse needs to parse it again (option strings, dest, action, nargs, type, choices,
+default, const): slurm/slime_replay.py rebuilds them from this record, so the checks and CI
+parse the launcher's argv as slime would, where slime cannot be installed:
+
+- "pre": `_pre_parse_mode`'s parser (slime/utils/arguments.py), read from its source;
+- "sglang_tp": the parser `sglang_parse_args` reads --rollout-num-gpus-per-engine with, to
+  default --sglang-tensor-parallel-size (slime/backends/sglang_utils/arguments.py), ditto;
+- "sglang": `sglang_parse_args`'s parser: `add_sglang_arguments` on ArgumentParser(add_help=False);
+- "megatron": Megatron-LM's `parse_args` parser (ArgumentParser(allow_abbrev=False)) with
+  slime's arguments added (`get_slime_extra_args_provider`).
+
+A type is recorded by name: int, float, str, bool, json (json.loads), enum:NAME (an Enum by
+member name; choices are the members' names), or opaque:MODULE.NAME (a function the replay
+cannot run: it keeps the string). An action class of argparse is recorded by its keyword
+(store, store_true, ...); any other by custom:NAME.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import enum
 import importlib.abc
 import importlib.machinery
 import inspect
 import json
+import math
 import sys
 from typing import Any
 from unittest import mock
@@ -91,6 +109,133 @@ def _pre_parsed_flags() -> dict[str, str]:
     return found
 
 
+ARGPARSE_ACTIONS = {
+    argparse._StoreAction: "store",
+    argparse._StoreTrueAction: "store_true",
+    argparse._StoreFalseAction: "store_false",
+    argparse._StoreConstAction: "store_const",
+    argparse._AppendAction: "append",
+    argparse._AppendConstAction: "append_const",
+    argparse._CountAction: "count",
+    argparse.BooleanOptionalAction: "boolean_optional",
+}
+
+
+def _json_value(value: Any) -> Any:
+    """A value as JSON holds it; anything else as {"repr": ...} (never replayed, only shown)."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"repr": repr(value)}
+    if isinstance(value, list | tuple):
+        return [_json_value(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_value(item) for key, item in value.items()}
+    return {"repr": repr(value)}
+
+
+def _type_name(action: argparse.Action) -> str | None:
+    kind = action.type
+    if kind is None:
+        return None
+    if kind in (int, float, str, bool):
+        return kind.__name__
+    if kind is json.loads:
+        return "json"
+    choices = list(action.choices) if action.choices is not None else []
+    if choices and all(isinstance(choice, enum.Enum) for choice in choices):
+        return f"enum:{type(choices[0]).__name__}"
+    return f"opaque:{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"
+
+
+def _action_record(action: argparse.Action) -> dict[str, Any]:
+    choices = None
+    if action.choices is not None:
+        choices = [
+            choice.name if isinstance(choice, enum.Enum) else _json_value(choice)
+            for choice in action.choices
+        ]
+    return {
+        "options": list(action.option_strings),
+        "dest": action.dest,
+        "action": ARGPARSE_ACTIONS.get(type(action), f"custom:{type(action).__name__}"),
+        "nargs": action.nargs,
+        "type": _type_name(action),
+        "choices": choices,
+        "default": _json_value(action.default),
+        "const": _json_value(action.const),
+    }
+
+
+def _parser_record(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    return {
+        "allow_abbrev": parser.allow_abbrev,
+        "defaults": {key: _json_value(value) for key, value in parser._defaults.items()},
+        "actions": [
+            _action_record(action)
+            for action in parser._actions
+            if not isinstance(action, argparse._HelpAction)
+        ],
+    }
+
+
+def _literal_parser(function: Any, name: str) -> dict[str, Any]:
+    """The parser a function builds in variable `name` from literal calls (its source)."""
+    tree = ast.parse(inspect.getsource(function))
+    options: dict[str, Any] = {"allow_abbrev": True}
+    calls = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "attr", "") == "ArgumentParser"
+            and any(getattr(target, "id", "") == name for target in node.targets)
+        ):
+            for keyword in node.value.keywords:
+                if keyword.arg == "allow_abbrev":
+                    options["allow_abbrev"] = ast.literal_eval(keyword.value)
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "add_argument"
+            and getattr(node.func.value, "id", "") == name  # type: ignore[attr-defined]
+        ):
+            calls.append(node)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=options["allow_abbrev"])
+    for call in sorted(calls, key=lambda node: (node.lineno, node.col_offset)):
+        flags = [ast.literal_eval(item) for item in call.args]
+        keywords: dict[str, Any] = {}
+        for keyword in call.keywords:
+            if keyword.arg == "type":
+                keywords["type"] = {"int": int, "str": str, "float": float}[keyword.value.id]  # type: ignore[attr-defined]
+            else:
+                keywords[str(keyword.arg)] = ast.literal_eval(keyword.value)
+        parser.add_argument(*flags, **keywords)
+    return _parser_record(parser)
+
+
+def parsers() -> dict[str, Any]:
+    """The four parsers slime's `parse_args` runs over train.py's argv, built as slime builds
+    them (slime/utils/arguments.py `parse_args`; Megatron-LM megatron/training/arguments.py
+    `parse_args`; slime/backends/sglang_utils/arguments.py `sglang_parse_args`)."""
+    from megatron.training.arguments import add_megatron_arguments
+    from slime.backends.sglang_utils import arguments as sglang_arguments
+    from slime.utils import arguments
+
+    megatron = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
+    add_megatron_arguments(megatron)
+    arguments.get_slime_extra_args_provider()(megatron)
+    sglang = argparse.ArgumentParser(add_help=False)
+    sglang_arguments.add_sglang_arguments(sglang)
+    return {
+        "pre": _literal_parser(arguments._pre_parse_mode, "temp_parser"),
+        "sglang_tp": _literal_parser(sglang_arguments.sglang_parse_args, "temp_parser"),
+        "sglang": _parser_record(sglang),
+        "megatron": _parser_record(megatron),
+    }
+
+
 def collect() -> dict[str, list[str]]:
     from megatron.training.arguments import add_megatron_arguments
     from slime.backends.sglang_utils.arguments import add_sglang_arguments
@@ -146,8 +291,18 @@ def main() -> None:
         "count": len(flags),
         "flags": flags,
     }
-    json.dump(document, sys.stdout, indent=1)
-    sys.stdout.write("\n")
+    text = json.dumps(document, indent=1)
+    sys.stdout.write(f"{text[:-2]},\n {json.dumps('parsers')}: {_parsers_text(parsers())}\n}}\n")
+
+
+def _parsers_text(found: dict[str, Any]) -> str:
+    """The parsers' record, one action a line (a diff at a re-pin shows which changed)."""
+    parts = []
+    for name, parser in found.items():
+        actions = ",\n".join(f"    {json.dumps(action)}" for action in parser["actions"])
+        head = json.dumps({key: value for key, value in parser.items() if key != "actions"})
+        parts.append(f'  {json.dumps(name)}: {head[:-1]}, "actions": [\n{actions}\n  ]}}')
+    return "{\n" + ",\n".join(parts) + "\n }"
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def run_submit(args: argparse.Namespace) -> None:
     if config.run.backend == "slime":
         from slurm.slime_checks import check_slime
 
-        check_slime(config)
+        for warning in check_slime(config):
+            print(f"warning: {warning}", file=sys.stderr)
     if config.container.image:
         from slurm.image_labels import check_image
 

@@ -3,10 +3,19 @@ of the same CLI and config, on one GPU node in the training image.
 
 - to-megatron: tools/convert_hf_to_torch_dist.py with the model's architecture arguments (the
   preset's) turns `slime.model.hf_checkpoint` into the torch_dist checkpoint training loads as
-  `--ref-load` (written at `slime.model.ref_load`, or RUN/converted/NAME_torch_dist);
+  `--ref-load` (written at `slime.model.ref_load`, or RUN/converted/NAME_torch_dist). It runs
+  as slime documents for large models (docs/en/get_started/quick_start.md, "Model Weight
+  Conversion"): under torchrun, one process per GPU of the node, the tool splitting the layers
+  into that many pipeline stages (its `get_args`); one process would hold a 32B model on one
+  GPU. The embedding is written padded as training pads it (`--padded-vocab-size`: Megatron
+  pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP,
+  megatron/training/tokenizer/tokenizer.py, line 110), or training could not load it at TP 8;
 - to-hf: tools/convert_torch_dist_to_hf.py turns a training checkpoint (`--iteration N` or
   `latest`, the tracker's) into a Hugging Face folder SGLang and `deepdive eval` serve
-  (RUN/converted/iter_NNNNNNN_hf).
+  (RUN/converted/iter_NNNNNNN_hf), cutting Megatron's padding off the embedding and output
+  layer (`--vocab-size`: the model's own, config.json's; slime's quick start says to set it,
+  tools/convert_torch_dist_to_hf.py strips to it with `remove_padding`). One process: the tool
+  loads without torch.distributed.
 
 The tool writes into a partial folder beside the target; only a conversion that exits 0 is
 renamed into place (services.files.publish), so a job that dies leaves nothing a later job
@@ -46,9 +55,41 @@ class Conversion:
     tool: str  # slime's script
     arguments: list[str]  # the tool's arguments, the output flag last
     output: Path
+    processes: int = 1  # > 1: under torchrun, one process per GPU
 
     def command(self, python: str, output: Path) -> list[str]:
-        return [python, self.tool, *self.arguments, str(output)]
+        launcher = [python]
+        if self.processes > 1:  # torchrun, as the module its entry point runs
+            launcher += ["-m", "torch.distributed.run", "--standalone"]
+            launcher += ["--nproc-per-node", str(self.processes)]
+        return [*launcher, self.tool, *self.arguments, str(output)]
+
+
+def padded_vocab_size(vocab: int, tensor: int, divisible_by: int = 128) -> int:
+    """Megatron's padded vocabulary (megatron/training/tokenizer/tokenizer.py, line 110)."""
+    multiple = divisible_by * tensor
+    return -(-vocab // multiple) * multiple
+
+
+def _flag_value(arguments: list[str], flag: str) -> str | None:
+    return arguments[arguments.index(flag) + 1] if flag in arguments[:-1] else None
+
+
+def model_vocab_size(config: ExperimentConfig) -> int:
+    """The model's vocabulary: config.json's (what the Hugging Face side expects), else the
+    architecture's --vocab-size."""
+    from slurm.model_context import read_config, text_config
+
+    found = text_config(read_config(config.slime.model.hf_checkpoint)).get("vocab_size")
+    if isinstance(found, int) and found > 0:
+        return found
+    flagged = _flag_value(architecture(config.slime), "--vocab-size")
+    if flagged is None or not flagged.isdigit():
+        raise ConfigError(
+            f"slime.model.hf_checkpoint: {config.slime.model.hf_checkpoint}/config.json has no "
+            "vocab_size and the architecture no --vocab-size"
+        )
+    return int(flagged)
 
 
 def converted(config: ExperimentConfig) -> Path:
@@ -85,12 +126,23 @@ def plan(config: ExperimentConfig, direction: str, iteration: str = "latest") ->
             if slime.model.ref_load
             else (converted(config) / f"{Path(hf).name}_torch_dist")
         )
-        arguments = [*architecture(slime), "--hf-checkpoint", hf, "--save"]
-        return Conversion(direction, str(tools / "convert_hf_to_torch_dist.py"), arguments, output)
+        model_args = architecture(slime)
+        divisible = _flag_value(model_args, "--make-vocab-size-divisible-by") or "128"
+        padded = padded_vocab_size(
+            model_vocab_size(config), slime.parallelism.tensor, int(divisible)
+        )
+        arguments = [*model_args, "--padded-vocab-size", str(padded), "--hf-checkpoint", hf]
+        arguments.append("--save")
+        layers = _flag_value(model_args, "--num-layers")
+        # the tool asserts no more processes than layers
+        processes = min(max(1, config.slurm.gpus_per_node), int(layers or 1))
+        tool = str(tools / "convert_hf_to_torch_dist.py")
+        return Conversion(direction, tool, arguments, output, processes)
     if direction == "to-hf":
         number, source = iteration_folder(config, iteration)
         output = converted(config) / f"iter_{number:07d}_hf"
-        arguments = ["--input-dir", str(source), "--origin-hf-dir", hf, "--output-dir"]
+        arguments = ["--input-dir", str(source), "--origin-hf-dir", hf]
+        arguments += ["--vocab-size", str(model_vocab_size(config)), "--output-dir"]
         return Conversion(direction, str(tools / "convert_torch_dist_to_hf.py"), arguments, output)
     raise ConfigError(f"convert-checkpoint: expected to-megatron or to-hf, got {direction!r}")
 
@@ -112,9 +164,8 @@ def run_to_folder(
         raise
     if code != 0 or not partial.exists():
         remove(partial)
-        raise ConversionFailed(
-            f"{Path(argv[1]).name} exited with status {code}; nothing was written to {output}"
-        )
+        tool = next((Path(item).name for item in argv if item.endswith(".py")), Path(argv[0]).name)
+        raise ConversionFailed(f"{tool} exited with status {code}; nothing was written to {output}")
     publish(partial, output, replace=False)
 
 

@@ -8,11 +8,18 @@ or by SGLang (backend slime: a Hugging Face folder, e.g. what `deepdive convert-
 to-hf` wrote; SGLang must be installed: the training image on a GPU node). `latest` is the
 run's newest: RUN/final_model or its newest step checkpoint (local), the Hugging Face
 conversion of the newest complete training checkpoint (slime).
+
+SGLang serves each checkpoint with the context training used (`--context-length`,
+slurm/model_context.py): an episode longer than the checkpoint's config.json allows is refused
+before SGLang starts, not turn by turn. The services get the env file's keys
+(`services.env_file`: the search keys, the service token) as training's nodes give them, and
+this process sends the file's token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -25,10 +32,14 @@ from rich.console import Console
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
+from services.logs import register_secret
 from services.process import ServiceProcess
+from services.secrets import TOKEN_ENV, load_env_file
 from slurm.backends import build_backend
 from slurm.config import ExperimentConfig, local_run_config
 from slurm.eval_report import episode_row, print_table, summarize
+from slurm.model_context import check_episode_fits, model_context, read_config, served_context
+from slurm.slime_args import sglang_context_length
 
 
 @dataclass(frozen=True)
@@ -94,14 +105,30 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def env_file_values(config: ExperimentConfig) -> dict[str, str]:
+    """`services.env_file`'s values, registered for log redaction (as the job's nodes do)."""
+    path = config.services.env_file
+    values = load_env_file(path) if path else {}
+    for value in values.values():
+        register_secret(value)
+    return values
+
+
 @contextmanager
 def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, str]]:
-    """The backend's services on loopback (free ports), for the duration of the evaluation."""
+    """The backend's services on loopback (free ports), with the env file's keys, for the
+    duration of the evaluation; the rollout here sends the file's service token."""
+    secrets = env_file_values(config)
     with ExitStack() as stack:
+        if TOKEN_ENV in secrets and not os.environ.get(TOKEN_ENV):
+            os.environ[TOKEN_ENV] = secrets[TOKEN_ENV]  # deepdive.clients reads it
+            stack.callback(os.environ.pop, TOKEN_ENV, None)
         urls = {}
         for spec in build_backend(config).services():
             arguments = [*spec.command_arguments(cores=None), "--host", "127.0.0.1"]
-            process = ServiceProcess(spec.name, arguments, logs / f"{spec.name}.log")
+            process = ServiceProcess(
+                spec.name, arguments, logs / f"{spec.name}.log", environment=secrets
+            )
             urls[spec.name] = stack.enter_context(process).url
         yield urls
 
@@ -115,7 +142,9 @@ def serve(
     if config.run.backend == "slime":
         from slurm.sglang_server import sglang_server
 
-        with sglang_server(checkpoint.path, logs / "sglang.log") as url:
+        context = check_served_context(config, checkpoint.path)
+        tensor = config.slime.resources.rollout_num_gpus_per_engine
+        with sglang_server(checkpoint.path, logs / "sglang.log", context, tensor) as url:
             yield url, None
         return
     from deepdive.local.model import load_model
@@ -132,6 +161,23 @@ def serve(
         model, tokenizer = load_model(checkpoint.path)
     with engine_server(model, tokenizer, local.rollout.max_batch) as (url, _engine):
         yield url, tokenizer
+
+
+def check_served_context(config: ExperimentConfig, model: Path) -> int:
+    """The context SGLang serves `model` with for this evaluation (training's), refusing one
+    the model's config.json does not allow or that an episode would not fit."""
+    slime = config.slime
+    context = model_context(read_config(model), str(model / "config.json"))
+    served = served_context(context, slime.sglang.context_length, "slime.sglang.context_length")
+    check_episode_fits(
+        context,
+        served,
+        slime.rollout.max_context_len,
+        slime.rollout.max_response_len,
+        "slime.rollout.max_context_len",
+        "slime.rollout.max_response_len",
+    )
+    return sglang_context_length(slime)  # what training's SGLang served (<= `served`)
 
 
 def rollout_limits(config: ExperimentConfig) -> tuple[RolloutSettings, int]:
@@ -173,6 +219,9 @@ def evaluate(
 
     from deepdive.local.episodes import rollout_batch
 
+    if config.run.backend == "slime":  # before anything starts: each checkpoint's context
+        for checkpoint in checkpoints:
+            check_served_context(config, checkpoint.path)
     template, budget = rollout_limits(config)
     params = {"max_new_tokens": budget, "temperature": temperature, "top_p": 1.0}
     summaries: dict[str, dict[str, Any]] = {}

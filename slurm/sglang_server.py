@@ -35,11 +35,30 @@ def _free_port() -> int:
         return port
 
 
-@contextmanager
-def sglang_server(model: Path, log_path: Path, timeout_s: float = READY_TIMEOUT_S) -> Iterator[str]:
-    port = _free_port()
+def server_command(model: Path, port: int, context_length: int, tensor_parallel: int) -> list[str]:
+    """SGLang's launch command: the context training used (0 = the model's, derived by SGLang
+    from config.json) and the engine's tensor parallelism (training's GPUs per engine). Both
+    are fields of SGLang 0.5.15.post1's ServerArgs (python/sglang/srt/server_args.py, lines 470
+    and 816), whose CLI flag is the field's name."""
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model)]
     command += ["--host", "127.0.0.1", "--port", str(port)]
+    if context_length:
+        command += ["--context-length", str(context_length)]
+    if tensor_parallel > 1:
+        command += ["--tp-size", str(tensor_parallel)]
+    return command
+
+
+@contextmanager
+def sglang_server(
+    model: Path,
+    log_path: Path,
+    context_length: int = 0,
+    tensor_parallel: int = 1,
+    timeout_s: float = READY_TIMEOUT_S,
+) -> Iterator[str]:
+    port = _free_port()
+    command = server_command(model, port, context_length, tensor_parallel)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         process = subprocess.Popen(  # noqa: S603 (SGLang's own entry, fixed arguments)

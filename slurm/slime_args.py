@@ -32,6 +32,13 @@ from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
 from slurm.slime_config import SlimeSection
 
+# what slime's 32B examples pass to keep Adam's states in CPU memory (scripts/run-qwen3-32B.sh;
+# Megatron asserts the precision-aware optimizer with it, megatron/training/arguments.py:1189)
+OPTIMIZER_CPU_OFFLOAD = [
+    "--optimizer-cpu-offload",
+    "--overlap-cpu-optimizer-d2h-h2d",
+    "--use-precision-aware-optimizer",
+]
 FILTERS = "deepdive.filters"
 # (drop groups whose rewards are all equal, drop groups where every sample failed) -> filter
 DYNAMIC_FILTERS = {
@@ -73,6 +80,18 @@ def _switch(flag: str, on: bool) -> list[str]:
     return [flag] if on else []
 
 
+def sglang_context_length(slime: SlimeSection) -> int:
+    """The context SGLang serves: the configured one, else exactly the episode's budget."""
+    return slime.sglang.context_length or slime.rollout.max_context_len
+
+
+def max_tokens_per_gpu(slime: SlimeSection) -> int:
+    """The dynamic batch's cap: the configured one, else one longest episode per GPU over CP
+    (slime's --max-tokens-per-gpu help: "around max_response_len // cp_size")."""
+    parallel = slime.parallelism
+    return parallel.max_tokens_per_gpu or -(-slime.rollout.max_context_len // parallel.context)
+
+
 def slime_checkpoints(config: ExperimentConfig) -> Path:
     return Path(config.run.folder) / "slime_checkpoints"
 
@@ -96,6 +115,9 @@ def slime_arguments(
                 "--actor-num-gpus-per-node", str(resources.actor_num_gpus_per_node),
                 "--rollout-num-gpus", str(resources.rollout_num_gpus),
                 "--rollout-num-gpus-per-engine", str(resources.rollout_num_gpus_per_engine),
+                # slime places SGLang engines by it (default 8: a 4-GPU node breaks;
+                # slime/backends/sglang_utils/sglang_engine.py, lines 22-27)
+                "--num-gpus-per-node", str(config.slurm.gpus_per_node),
                 *_switch("--colocate", resources.colocate),
                 *_switch("--offload", resources.offload),
             ],
@@ -132,6 +154,7 @@ def slime_arguments(
         "--tool-key", rollout.tool_key,
         "--metadata-key", rollout.metadata_key,
         *_switch("--apply-chat-template", rollout.apply_chat_template),
+        *_switch("--rollout-shuffle", rollout.shuffle),
         "--rollout-batch-size", str(rollout.rollout_batch_size),
         "--n-samples-per-prompt", str(rollout.n_samples_per_prompt),
         "--global-batch-size", str(rollout.global_batch_size),
@@ -161,6 +184,7 @@ def slime_arguments(
         "--pipeline-model-parallel-size", str(parallel.pipeline),
         "--context-parallel-size", str(parallel.context),
         "--expert-model-parallel-size", str(parallel.expert),
+        "--expert-tensor-parallel-size", str(parallel.expert_tensor),
         *_switch("--sequence-parallel", parallel.sequence_parallel),
     ]  # fmt: skip
     if parallel.recompute_granularity:
@@ -169,6 +193,8 @@ def slime_arguments(
         perf += ["--recompute-method", parallel.recompute_method]
     if parallel.recompute_num_layers:
         perf += ["--recompute-num-layers", str(parallel.recompute_num_layers)]
+    if parallel.use_dynamic_batch_size:
+        perf += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(max_tokens_per_gpu(slime))]
     groups.append(("PERF_ARGS", perf))
     grpo = ["--advantage-estimator", algorithm.advantage_estimator]
     if algorithm.use_kl_loss:
@@ -193,6 +219,7 @@ def slime_arguments(
                 "--weight-decay", _number(optimizer.weight_decay),
                 "--adam-beta1", _number(optimizer.adam_beta1),
                 "--adam-beta2", _number(optimizer.adam_beta2),
+                *(OPTIMIZER_CPU_OFFLOAD if optimizer.cpu_offload else []),
             ],
         )
     )  # fmt: skip
@@ -201,10 +228,19 @@ def slime_arguments(
         "--sglang-log-level", sglang.log_level,
         "--sglang-router-request-timeout-secs", str(sglang.router_request_timeout_secs),
         "--router-balance-abs-threshold", str(sglang.router_balance_abs_threshold),
+        "--sglang-context-length", str(sglang_context_length(slime)),
     ]  # fmt: skip
-    if sglang.context_length:
-        sglang_args += ["--sglang-context-length", str(sglang.context_length)]
     groups.append(("SGLANG_ARGS", sglang_args))
+    misc = slime.misc
+    misc_args = [
+        "--attention-dropout", _number(misc.attention_dropout),
+        "--hidden-dropout", _number(misc.hidden_dropout),
+        *_switch("--accumulate-allreduce-grads-in-fp32", misc.accumulate_allreduce_grads_in_fp32),
+        *_switch("--attention-softmax-in-fp32", misc.attention_softmax_in_fp32),
+    ]  # fmt: skip
+    if misc.attention_backend:
+        misc_args += ["--attention-backend", misc.attention_backend]
+    groups.append(("MISC_ARGS", misc_args))
     if slime.fault_tolerance.enabled:
         groups.append(
             (

@@ -3,6 +3,9 @@ config key and what was expected:
 
 - every flag the argument builder emits, and every flag in `slime.extra_args`, exists at the
   pinned commits (slurm/slime_flags.json: slime silently ignores a flag it does not know);
+- the whole argv parses as slime's own parsers parse it (slurm/slime_replay.py, rebuilt from
+  the pin-time record): every value of the type and among the choices slime accepts, no token
+  that no parser takes;
 - the batch identity slime asserts: rollout_batch_size x n_samples_per_prompt =
   global_batch_size x num_steps_per_rollout;
 - the GPUs add up: actor nodes x GPUs per node plus rollout GPUs fit in the job (unless
@@ -12,12 +15,18 @@ config key and what was expected:
   layers, heads, KV heads, vocabulary, FFN size, rope theta;
 - no pair slime cannot run with our hooks: --group-rm with evaluation sets, --partial-rollout,
   the fully-async rollout; services every node's rollout can reach when the job has more than
-  one node.
+  one node;
+- every episode fits the context SGLang serves: max_context_len and the response budget
+  against config.json and --sglang-context-length (slurm/model_context.py), so no turn is
+  refused and ABORTED.
+
+One estimate warns instead of refusing: a training GPU's memory (weights, gradients, Adam's
+states, activations, logits; slurm/memory_estimate.py) against slime.resources.gpu_memory_gb,
+with the arithmetic. check_slime returns those warnings for the caller to print.
 """
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any, NoReturn
@@ -25,8 +34,17 @@ from typing import Any, NoReturn
 from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
 from services.exceptions import ConfigError
 from slurm.config import ExperimentConfig
+from slurm.memory_estimate import estimate
+from slurm.model_context import (
+    check_episode_fits,
+    check_trainer_rope,
+    model_context,
+    read_config,
+    served_context,
+)
 from slurm.package_data import read_json
 from slurm.slime_args import architecture, presets, slime_arguments
+from slurm.slime_replay import replay
 
 FLAGS = "slime_flags.json"  # in the package (slurm/package_data.py reads it)
 # a model's config.json key -> the Megatron flag that must say the same
@@ -38,6 +56,7 @@ CONFIG_KEYS = {
     "num_key_value_heads": "--num-query-groups",
     "vocab_size": "--vocab-size",
     "rope_theta": "--rotary-base",
+    "rms_norm_eps": "--norm-epsilon",  # slime compares these too (megatron_utils/arguments.py:126)
 }
 REFUSED = {
     "--group-rm": "slime's evaluation asserts against group RM, and reward_func already "
@@ -59,7 +78,8 @@ def _fail(key: str, message: str) -> NoReturn:
     raise ConfigError(f"{key}: {message}")
 
 
-def check_slime(config: ExperimentConfig) -> None:
+def check_slime(config: ExperimentConfig) -> list[str]:
+    """Refuse what cannot run (a ConfigError naming the key); return the warnings."""
     slime = config.slime
     _check_required(config)
     _check_extra_args(slime.extra_args)
@@ -71,6 +91,13 @@ def check_slime(config: ExperimentConfig) -> None:
     for flag in emitted.flags():
         if flag not in known:  # a bug of the builder: said so, with where the list comes from
             _fail("slime", f"the builder emits {flag}, which slime does not know at {_pins()}")
+    parsed = replay(emitted.arguments())  # a value slime's parsers refuse: a ConfigError
+    if parsed.ignored:
+        _fail(
+            "slime.extra_args",
+            f"{' '.join(parsed.ignored)}: none of slime's parsers takes it (slime would drop "
+            "it without a word)",
+        )
     rollout = slime.rollout
     samples = rollout.rollout_batch_size * rollout.n_samples_per_prompt
     steps = rollout.global_batch_size * rollout.num_steps_per_rollout
@@ -93,7 +120,9 @@ def check_slime(config: ExperimentConfig) -> None:
                 "slime.parallelism.tensor",
                 f"{tensor} does not divide the model's {count} {name}",
             )
-    _check_model_config(config, args)
+    hf = _read_model_config(config)
+    _check_model_config(config, args, hf)
+    _check_context(config, args, hf)
     if slime.eval.sets and "--group-rm" in slime.extra_args:
         _fail("slime.extra_args", f"--group-rm with slime.eval.sets: {REFUSED['--group-rm']}")
     if config.slurm.nodes > 1 and config.services.host in ("127.0.0.1", "localhost", "::1"):
@@ -102,6 +131,43 @@ def check_slime(config: ExperimentConfig) -> None:
             "an address the other nodes reach (e.g. 0.0.0.0, with DEEPDIVE_SERVICE_TOKEN in "
             "the env file): slime's rollout may run on any node and calls node 0's services",
         )
+    return _memory_warnings(config, hf)
+
+
+def _read_model_config(config: ExperimentConfig) -> dict[str, Any]:
+    try:
+        return read_config(config.slime.model.hf_checkpoint)
+    except ConfigError as error:
+        _fail("slime.model.hf_checkpoint", error.message)
+
+
+def _check_context(config: ExperimentConfig, args: dict[str, str], hf: dict[str, Any]) -> None:
+    """Every turn of every episode is a request SGLang serves (slurm/model_context.py)."""
+    slime = config.slime
+    model = model_context(hf, str(Path(slime.model.hf_checkpoint) / "config.json"))
+    # the configured one (0: SGLang derives it); the argv then passes max_context_len
+    served = served_context(model, slime.sglang.context_length, "slime.sglang.context_length")
+    check_episode_fits(
+        model,
+        served,
+        slime.rollout.max_context_len,
+        slime.rollout.max_response_len,
+        "slime.rollout.max_context_len",
+        "slime.rollout.max_response_len",
+    )
+    check_trainer_rope(model, multi_latent_attention="--multi-latent-attention" in args)
+
+
+def _memory_warnings(config: ExperimentConfig, hf: dict[str, Any]) -> list[str]:
+    found = estimate(config, hf)
+    if found is None or found.fits():
+        return []
+    return [
+        f"a training GPU may run out of memory: about {found.total_gb:.0f} GB needed, "
+        f"slime.resources.gpu_memory_gb = {found.gpu_gb:g}\n{found.describe()}\n"
+        "  (recompute, dynamic batching with a smaller max_tokens_per_gpu, optimizer "
+        'cpu_offload or more tensor parallelism lower it; docs/slime.md, "Memory estimate")'
+    ]
 
 
 def _pins() -> str:
@@ -225,12 +291,8 @@ def _arguments(items: list[str]) -> dict[str, str]:
     return found
 
 
-def _check_model_config(config: ExperimentConfig, args: dict[str, str]) -> None:
+def _check_model_config(config: ExperimentConfig, args: dict[str, str], hf: dict[str, Any]) -> None:
     path = Path(config.slime.model.hf_checkpoint) / "config.json"
-    try:
-        hf = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        _fail("slime.model.hf_checkpoint", f"{path}: unreadable ({error})")
     hf = {**hf.get("text_config", {}), **hf}
     if "rope_theta" not in hf:
         hf["rope_theta"] = (hf.get("rope_parameters") or {}).get("rope_theta")

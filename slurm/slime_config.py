@@ -4,12 +4,15 @@ them; every flag is checked against slime's flag list before submission, slurm/s
 
     [slime.model]         preset or explicit architecture arguments; hf_checkpoint, ref_load
     [slime.checkpoint]    save_interval (the run folder's checkpoints are --save and --load)
-    [slime.parallelism]   TP, PP, CP, EP, sequence parallel, recompute
-    [slime.resources]     actor nodes and GPUs per node, rollout GPUs and GPUs per engine, colocate
+    [slime.parallelism]   TP, PP, CP, EP, sequence parallel, recompute, dynamic batch size
+    [slime.resources]     actor nodes and GPUs per node, rollout GPUs and GPUs per engine,
+                          colocate, the GPUs' memory (for the memory estimate)
     [slime.rollout]       prompt data and keys, batch sizes, lengths, temperature, top-p, over-sampling
     [slime.algorithm]     grpo | gspo | ppo | reinforce_plus_plus, KL, clipping, entropy
-    [slime.optimizer]     lr, schedule, weight decay, Adam
+    [slime.optimizer]     lr, schedule, weight decay, Adam, CPU offload
     [slime.sglang]        memory fraction, context length, log level, router
+    [slime.misc]          dropout, fp32 accumulation and softmax, attention backend (the MISC_ARGS
+                          every slime run script passes)
     [slime.fault_tolerance]  --use-fault-tolerance with a first wait
     [slime.eval]          named eval sets, samples per prompt, interval
     [slime.deepdive]      our rollout's keys (the --custom-config-path YAML)
@@ -68,12 +71,23 @@ class SlimeParallelism:
     context: int = 1  # --context-parallel-size
     expert: int = 1  # --expert-model-parallel-size
     sequence_parallel: bool = False
+    expert_tensor: int = 1  # --expert-tensor-parallel-size (every slime run script passes 1)
     recompute_granularity: Literal["", "full", "selective"] = ""
     recompute_method: Literal["", "uniform", "block"] = ""
     recompute_num_layers: int = 0
+    # slime packs micro-batches up to max_tokens_per_gpu tokens (x CP); a longer sample runs
+    # alone (slime/utils/dp_schedule.py). 0 = max_context_len / context (slime's advice).
+    use_dynamic_batch_size: bool = True
+    max_tokens_per_gpu: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("tensor", "pipeline", "context", "expert"):
+        require(
+            self.max_tokens_per_gpu >= 0,
+            "slime.parallelism.max_tokens_per_gpu",
+            ">= 0 (0 = max_context_len / context)",
+            self.max_tokens_per_gpu,
+        )
+        for name in ("tensor", "pipeline", "context", "expert", "expert_tensor"):
             value = getattr(self, name)
             require(value >= 1, f"slime.parallelism.{name}", "at least 1", value)
         require(
@@ -92,8 +106,15 @@ class SlimeResources:
     rollout_num_gpus_per_engine: int = 1
     colocate: bool = False  # actor and rollout share the GPUs (offloading in turn)
     offload: bool = False
+    gpu_memory_gb: float = 80.0  # each GPU's memory: the memory estimate warns above it
 
     def __post_init__(self) -> None:
+        require(
+            self.gpu_memory_gb > 0,
+            "slime.resources.gpu_memory_gb",
+            "a positive number of GB",
+            self.gpu_memory_gb,
+        )
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
             value = getattr(self, name)
             require(value >= 1, f"slime.resources.{name}", "at least 1", value)
@@ -124,8 +145,11 @@ class SlimeRollout:
     global_batch_size: int = 128  # samples per optimizer step
     num_steps_per_rollout: int = 1
     num_rollout: int = 3000
-    max_context_len: int = 64_000  # --rollout-max-context-len (and Megatron's --seq-length)
-    max_response_len: int = 64_000  # --rollout-max-response-len
+    # prompt + response of an episode (--rollout-max-context-len, Megatron's --seq-length and
+    # SGLang's --sglang-context-length): at most what the model serves (slurm/model_context.py)
+    max_context_len: int = 32_768
+    max_response_len: int = 32_768  # --rollout-max-response-len: at most max_context_len
+    shuffle: bool = True  # --rollout-shuffle (every slime run script passes it)
     temperature: float = 1.0
     top_p: float = 1.0
     over_sampling_batch_size: int = 0  # 0 = rollout_batch_size; more with a dynamic filter
@@ -192,6 +216,9 @@ class SlimeOptimizer:
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
+    # Adam's states in CPU memory (slime's 32B examples: --optimizer-cpu-offload
+    # --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer)
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         require(self.lr > 0, "slime.optimizer.lr", "a positive number", self.lr)
@@ -201,7 +228,7 @@ class SlimeOptimizer:
 @dataclass(frozen=True)
 class SlimeSGLang:
     mem_fraction_static: float = 0.8
-    context_length: int = 0  # 0 = the model's
+    context_length: int = 0  # --sglang-context-length; 0 = slime.rollout.max_context_len
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     router_request_timeout_secs: int = 36_000
     router_balance_abs_threshold: int = 0  # DeepDive's script misspells it --sglang-router-…
@@ -244,6 +271,29 @@ class SlimeEval:
         )
 
 
+AttentionBackend = Literal["flash", "fused", "unfused", "local", "auto", ""]
+
+
+@dataclass(frozen=True)
+class SlimeMisc:
+    """What every slime run script passes as MISC_ARGS (scripts/run-*.sh at 624b824): Megatron's
+    dropout defaults to 0.1, which RL fine-tuning does not want; fp32 gradient accumulation and
+    softmax "should be good for model performance"; flash attention (22 of its 23 run scripts
+    pass it; a comment says to drop it for MLA, which its Moonlight script does and its
+    DeepSeek and Kimi ones do not: "" leaves the flag out)."""
+
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    accumulate_allreduce_grads_in_fp32: bool = True
+    attention_softmax_in_fp32: bool = True
+    attention_backend: AttentionBackend = "flash"
+
+    def __post_init__(self) -> None:
+        for name in ("attention_dropout", "hidden_dropout"):
+            value = getattr(self, name)
+            require(0 <= value < 1, f"slime.misc.{name}", "in [0, 1)", value)
+
+
 @dataclass(frozen=True)
 class SlimeDeepDive:
     """Our rollout's keys (deepdive.rollout_settings), in the --custom-config-path YAML."""
@@ -265,7 +315,7 @@ class SlimeDeepDive:
 class SlimeSection:
     slime_root: str = "/opt/slime"  # where train.py is (the training image, containers/train.def)
     python_path: list[str] = field(default_factory=lambda: ["/opt/slime", "/opt/Megatron-LM"])
-    socket_ifname: str = ""  # GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; "" = let them choose
+    socket_ifname: str = ""  # GLOO/NCCL_SOCKET_IFNAME; "" = the one holding the node address
     model: SlimeModel = field(default_factory=SlimeModel)
     checkpoint: SlimeCheckpoint = field(default_factory=SlimeCheckpoint)
     parallelism: SlimeParallelism = field(default_factory=SlimeParallelism)
@@ -274,6 +324,7 @@ class SlimeSection:
     algorithm: SlimeAlgorithm = field(default_factory=SlimeAlgorithm)
     optimizer: SlimeOptimizer = field(default_factory=SlimeOptimizer)
     sglang: SlimeSGLang = field(default_factory=SlimeSGLang)
+    misc: SlimeMisc = field(default_factory=SlimeMisc)
     fault_tolerance: SlimeFaultTolerance = field(default_factory=SlimeFaultTolerance)
     eval: SlimeEval = field(default_factory=SlimeEval)
     deepdive: SlimeDeepDive = field(default_factory=SlimeDeepDive)

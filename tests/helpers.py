@@ -30,6 +30,7 @@ from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
+from slurm.config import ExperimentConfig, load_experiment
 
 DEEPDIVE = [sys.executable, "-m", "slurm.cli"]
 
@@ -215,3 +216,65 @@ def processes_of_job(job_id: str) -> list[str]:
         if marker in environ and state != "Z":
             found.append(f"{entry.name}: {command}")
     return found
+
+
+# -- the slime recipe over placeholder files (configs/deepdive-qwen.toml needs a model folder,
+# its torch_dist, prompts, an image and an env file to load and pass its checks) --------------
+
+SLIME_RECIPE = Path(__file__).resolve().parent.parent / "configs" / "deepdive-qwen.toml"
+QWEN25_32B = {  # what Qwen2.5-32B-Instruct's config.json says, the keys the checks read
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 5120,
+    "intermediate_size": 27648,
+    "num_attention_heads": 40,
+    "num_hidden_layers": 64,
+    "num_key_value_heads": 8,
+    "rope_theta": 1000000.0,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,  # the context it serves (no rope_scaling)
+    "tie_word_embeddings": False,
+}
+
+
+def slime_world(root: Path) -> dict[str, Path]:
+    """The files the recipe names, made under `root`."""
+    import json
+
+    model = root / "models" / "Qwen2.5-32B-Instruct"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(QWEN25_32B))
+    reference = root / "models" / "Qwen2.5-32B-Instruct_torch_dist"
+    reference.mkdir()
+    prompts = root / "data" / "train.jsonl"
+    prompts.parent.mkdir()
+    prompts.write_text('{"input_messages": []}\n')
+    image = root / "train.sif"
+    image.write_bytes(b"sif")
+    env = root / "keys.env"
+    env.write_text("SERPER_API_KEY=x\n")
+    env.chmod(0o600)
+    return {
+        "model": model,
+        "ref": reference,
+        "prompts": prompts,
+        "image": image,
+        "env": env,
+        "root": root,
+    }
+
+
+def slime_overrides(world: dict[str, Path], *extra: str) -> list[str]:
+    return [
+        f'run.folder="{world["root"] / "run"}"',
+        f'slime.model.hf_checkpoint="{world["model"]}"',
+        f'slime.model.ref_load="{world["ref"]}"',
+        f'slime.rollout.prompt_data="{world["prompts"]}"',
+        f'container.image="{world["image"]}"',
+        f'services.env_file="{world["env"]}"',
+        *extra,
+    ]
+
+
+def slime_recipe(world: dict[str, Path], *extra: str) -> ExperimentConfig:
+    """The recipe loaded over `world`, with `extra` overrides."""
+    return load_experiment(SLIME_RECIPE, slime_overrides(world, *extra))

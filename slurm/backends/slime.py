@@ -4,7 +4,8 @@ hooks, and every node serves the tool and reward servers of `[services]`.
 slime's own actors (its rollout manager, the SGLang engines, the Megatron trainers) run on the
 job's nodes under Ray, so what they need comes through Ray's processes: each node's Ray is
 started with the backend's environment (the Python path to slime and Megatron-LM,
-SLIME_HOST_IP, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME when set, the env file's secrets), and
+SLIME_HOST_IP, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: slime.socket_ifname or the interface
+that holds the node's address, slurm/network.py; the env file's secrets), and
 our rollout's keys with the service URLs reach `args` through the --custom-config-path YAML,
 which node 0 writes once every node is ready (its URLs are known then). A new attempt
 continues from the newest complete checkpoint in RUN/slime_checkpoints (--load).
@@ -19,8 +20,10 @@ from typing import Any
 
 import yaml
 
+from services.exceptions import ConfigError
 from slurm.backends import ServiceSpec
 from slurm.config import ExperimentConfig
+from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder
 from slurm.slime_args import render, slime_arguments, slime_checkpoints
 
@@ -59,9 +62,18 @@ class SlimeBackend:
             # 624b824 reads it in every actor that logs); `deepdive status` reads it
             "TENSORBOARD_DIR": str(RunFolder(Path(self.config.run.folder)).tensorboard),
         }
-        if slime.socket_ifname:
-            environment["GLOO_SOCKET_IFNAME"] = slime.socket_ifname
-            environment["NCCL_SOCKET_IFNAME"] = slime.socket_ifname
+        # NCCL and gloo on the interface that holds the address the other nodes reach us at;
+        # a loopback or unknown address is fatal across nodes, harmless on one
+        interface = slime.socket_ifname
+        if not interface:
+            try:
+                interface = interface_for(node_ip, interface_addresses())
+            except ConfigError:
+                if self.config.slurm.nodes > 1:
+                    raise
+        if interface:
+            environment["GLOO_SOCKET_IFNAME"] = interface
+            environment["NCCL_SOCKET_IFNAME"] = interface
         return environment
 
     def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:

@@ -99,6 +99,8 @@ def recipe(
     section = dataclasses.replace(
         section,
         optimizer=dataclasses.replace(section.optimizer, lr=1e-6),
+        # the reproducibility script's micro-batch packing, not the builder's default
+        parallelism=dataclasses.replace(section.parallelism, max_tokens_per_gpu=9216),
         deepdive=dataclasses.replace(section.deepdive, max_turns=4),
     )
     probe = dataclasses.replace(config, slime=section)

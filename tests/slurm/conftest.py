@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import LOCAL_SLURM
+from tests.helpers import LOCAL_SLURM, slime_world
 
 # Its own daemons and ports, beside a dev cluster; two checkouts testing at once on one host
 # (worktrees) give each its own with DEEPDIVE_TEST_SLURM=DIR:CTLD_PORT:SLURMD_PORT0.
@@ -53,3 +53,9 @@ def slurm_env() -> Iterator[dict[str, str]]:
 def job_env(slurm_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """The cluster's environment, with the CLI's job index kept in this test's folder."""
     return {**slurm_env, "XDG_STATE_HOME": str(tmp_path / "state")}
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict[str, Path]:
+    """The files configs/deepdive-qwen.toml names (tests.helpers.slime_world), made here."""
+    return slime_world(tmp_path)

@@ -24,7 +24,7 @@ RECIPE = ROOT / "configs" / "deepdive-qwen.toml"
 QWEN25_32B = {
     "hidden_size": 5120, "intermediate_size": 27648, "num_attention_heads": 40,
     "num_hidden_layers": 64, "num_key_value_heads": 8, "rope_theta": 1000000.0,
-    "vocab_size": 152064,
+    "vocab_size": 152064, "max_position_embeddings": 32768, "tie_word_embeddings": False,
 }  # fmt: skip
 
 
@@ -64,10 +64,29 @@ def test_to_megatron_is_a_one_node_job_writing_the_reference_checkpoint(tmp_path
     assert "#SBATCH --nodes=1" in out and "#SBATCH --gpus-per-node=8" in out
     assert "apptainer exec --nv" in out  # inside the training image
     command = out.strip().splitlines()[-1].split()
-    assert command[:2] == ["python3", "/opt/slime/tools/convert_hf_to_torch_dist.py"]
+    # slime's documented launch for large models: torchrun, one process per GPU of the node
+    # (docs/en/get_started/quick_start.md; the tool makes them pipeline stages)
+    assert command[:7] == [
+        "python3", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+        "/opt/slime/tools/convert_hf_to_torch_dist.py",
+    ]  # fmt: skip
     assert command[command.index("--num-layers") + 1] == "64"  # the preset's architecture
     assert command[command.index("--hf-checkpoint") + 1] == str(tmp_path / "Qwen2.5-32B-Instruct")
+    # the embedding as training pads it: 152064 is a multiple of 128 x TP 4
+    assert command[command.index("--padded-vocab-size") + 1] == "152064"
     assert command[-2:] == ["--save", str(tmp_path / "Qwen2.5-32B-Instruct_torch_dist")]
+
+
+def test_to_megatron_pads_the_vocabulary_as_training_at_tp_8_will(tmp_path: Path) -> None:
+    """Megatron pads to a multiple of 128 x TP (megatron/training/tokenizer/tokenizer.py:110):
+    152064 -> 152576 at TP 8; a checkpoint converted unpadded would not load."""
+    result = deepdive(
+        "convert-checkpoint", "to-megatron", str(RECIPE), "--dry-run", *slime_world(tmp_path),
+        "--set", "slime.parallelism.tensor=8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.strip().splitlines()[-1].split()
+    assert command[command.index("--padded-vocab-size") + 1] == "152576"
 
 
 def test_to_hf_converts_the_newest_complete_iteration_or_says_what_is_missing(
@@ -82,8 +101,10 @@ def test_to_hf_converts_the_newest_complete_iteration_or_says_what_is_missing(
     result = deepdive("convert-checkpoint", "to-hf", str(RECIPE), "--dry-run", *arguments)
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip().splitlines()[-1].split()
-    assert command[1] == "/opt/slime/tools/convert_torch_dist_to_hf.py"
+    assert command[1] == "/opt/slime/tools/convert_torch_dist_to_hf.py"  # one process
     assert command[command.index("--input-dir") + 1] == str(checkpoints / "iter_0000040")
+    # Megatron's padding cut off the embedding and output layer (the tool's remove_padding)
+    assert command[command.index("--vocab-size") + 1] == "152064"
     assert command[-1] == str(tmp_path / "run" / "converted" / "iter_0000040_hf")
     wrong = deepdive(
         "convert-checkpoint", "to-hf", str(RECIPE), "--dry-run", "--iteration", "7", *arguments

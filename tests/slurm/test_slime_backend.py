@@ -5,7 +5,6 @@ the pinned commits (scripts/slime_flags.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,68 +17,16 @@ import yaml
 from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
 from slurm.backends.slime import SlimeBackend
-from slurm.config import ExperimentConfig, load_experiment
 from slurm.run_folder import RunFolder
 from slurm.slime_args import presets, render, slime_arguments
 from slurm.slime_checks import check_slime, slime_flags
-from tests.helpers import DEEPDIVE
+from tests.helpers import DEEPDIVE, SLIME_RECIPE
+from tests.helpers import slime_overrides as overrides
+from tests.helpers import slime_recipe as recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
-RECIPE = ROOT / "configs" / "deepdive-qwen.toml"
-QWEN25_32B = {  # what Qwen2.5-32B-Instruct's config.json says
-    "architectures": ["Qwen2ForCausalLM"],
-    "hidden_size": 5120,
-    "intermediate_size": 27648,
-    "num_attention_heads": 40,
-    "num_hidden_layers": 64,
-    "num_key_value_heads": 8,
-    "rope_theta": 1000000.0,
-    "vocab_size": 152064,
-}
-
-
-@pytest.fixture
-def world(tmp_path: Path) -> dict[str, Path]:
-    """The files the recipe names, made here: a model folder, its torch_dist, prompts, an
-    image, an env file."""
-    model = tmp_path / "models" / "Qwen2.5-32B-Instruct"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps(QWEN25_32B))
-    reference = tmp_path / "models" / "Qwen2.5-32B-Instruct_torch_dist"
-    reference.mkdir()
-    prompts = tmp_path / "data" / "train.jsonl"
-    prompts.parent.mkdir()
-    prompts.write_text('{"input_messages": []}\n')
-    image = tmp_path / "train.sif"
-    image.write_bytes(b"sif")
-    env = tmp_path / "keys.env"
-    env.write_text("SERPER_API_KEY=x\n")
-    env.chmod(0o600)
-    return {
-        "model": model,
-        "ref": reference,
-        "prompts": prompts,
-        "image": image,
-        "env": env,
-        "root": tmp_path,
-    }
-
-
-def overrides(world: dict[str, Path], *extra: str) -> list[str]:
-    return [
-        f'run.folder="{world["root"] / "run"}"',
-        f'slime.model.hf_checkpoint="{world["model"]}"',
-        f'slime.model.ref_load="{world["ref"]}"',
-        f'slime.rollout.prompt_data="{world["prompts"]}"',
-        f'container.image="{world["image"]}"',
-        f'services.env_file="{world["env"]}"',
-        *extra,
-    ]
-
-
-def recipe(world: dict[str, Path], *extra: str) -> ExperimentConfig:
-    return load_experiment(RECIPE, overrides(world, *extra))
+RECIPE = SLIME_RECIPE
 
 
 def placeholders(text: str, world: dict[str, Path]) -> str:

@@ -1,0 +1,61 @@
+"""Which network interface carries this node's address: the one NCCL and gloo must use
+(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). Left to choose, they may take an interface the other
+nodes cannot reach (a docker bridge, a second NIC); given a loopback address, every other node
+would wait on a connection that never comes.
+
+`interface_for` is a pure function of the interface table; `interface_addresses` reads the
+table from the kernel (SIOCGIFADDR per interface name: IPv4, the interface's primary address;
+the node's address is IPv4, slurm/bootstrap.py `node_ip`). No `ip` binary is needed, so it
+works in a minimal image.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+from collections.abc import Mapping, Sequence
+
+from services.exceptions import ConfigError
+
+SIOCGIFADDR = 0x8915  # linux/sockios.h
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """Interface name -> its IPv4 addresses (those without one are left out)."""
+    table: dict[str, list[str]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address
+                continue
+            table.setdefault(name, []).append(socket.inet_ntoa(reply[20:24]))
+    return table
+
+
+def interface_for(address: str, interfaces: Mapping[str, Sequence[str]]) -> str:
+    """The interface holding `address`; a loopback address or one on no interface is refused,
+    naming what was found."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        raise ConfigError(f"node address {address!r}: not an IP address") from None
+    if parsed.is_loopback:
+        raise ConfigError(
+            f"node address {address} is a loopback address (the host name resolves to it and "
+            "no default route was found): the other nodes cannot reach it; give the node a "
+            'route or set slime.socket_ifname (e.g. "ib0") and fix the host name resolution'
+        )
+    holders = sorted(name for name, found in interfaces.items() if address in found)
+    if not holders:
+        listed = ", ".join(
+            f"{name} {' '.join(found)}" for name, found in sorted(interfaces.items())
+        )
+        raise ConfigError(
+            f"node address {address} is on none of this node's interfaces ({listed}); "
+            "set slime.socket_ifname to the interface the nodes share"
+        )
+    return holders[0]

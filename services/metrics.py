@@ -14,7 +14,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from services.heap import GcCollector
+from services.serving.heap import GcCollector
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # the *_created series double the output and nobody reads them
 

@@ -116,7 +116,7 @@ class ServicesTable:
     rollout worker only; any other address needs DEEPDIVE_SERVICE_TOKEN (environment or env
     file). env_file: KEY=VALUE secrets (SERPER_API_KEY, ...), mode 0600, read on the node.
     tool_workers: the tool server's worker processes on each node, each on its own port of the
-    node's block; 0 = one per CPU of the node's task, at most 8 (services.workers)."""
+    node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers)."""
 
     host: str = "127.0.0.1"
     env_file: str = ""

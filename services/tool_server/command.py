@@ -15,20 +15,26 @@ from starlette.types import ASGIApp
 from services.http import UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.secrets import TOKEN_ENV
-from services.serve import add_server_arguments, announcer, connection_limits, prepare, serve
-from services.tool_server import jina, serpapi, serper
-from services.tool_server.app import create_app
-from services.tool_server.build import build_providers, load_index
-from services.tool_server.config import READER_BACKENDS, SEARCH_BACKENDS, ToolServerConfig
-from services.tool_server.providers import PageReader, SearchProvider
-from services.tool_server.tools import ToolExecutor
-from services.workers import (
+from services.serving.serve import (
+    add_server_arguments,
+    announcer,
+    connection_limits,
+    prepare,
+    serve,
+)
+from services.serving.workers import (
     MAX_DEFAULT_WORKERS,
     bind_workers,
     check_workers,
     default_workers,
     supervise,
 )
+from services.tool_server import jina, serpapi, serper
+from services.tool_server.app import create_app
+from services.tool_server.build import build_providers, load_index
+from services.tool_server.config import READER_BACKENDS, SEARCH_BACKENDS, ToolServerConfig
+from services.tool_server.providers import PageReader, SearchProvider
+from services.tool_server.tools import ToolExecutor
 
 DEFAULT_PORT = 8700
 ProviderBuilder = Callable[

@@ -1,7 +1,7 @@
 """New connections are accepted while the event loop is busy: a server whose every loop pass
 takes 50 ms (a task that blocks, as a saturated server's passes do) takes 64 new clients in
 about one pass, not one per pass (uvloop's own listener took one connection per pass: 64 x
-50 ms = 3.2 s; see services/accepting.py). And a new session's first call costs one loop pass
+50 ms = 3.2 s; see services/serving/accepting.py). And a new session's first call costs one loop pass
 more than a call on an open connection, not two."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from services.accepting import EagerAcceptServer, _connect_now
-from services.serve import bind, start_server_thread
+from services.serving.accepting import EagerAcceptServer, _connect_now
+from services.serving.serve import bind, start_server_thread
 
 CLIENTS = 64
 PASS_S = 0.05

@@ -1,4 +1,4 @@
-"""A service process settles its heap before it serves (services/heap.py): what startup made is
+"""A service process settles its heap before it serves (services/serving/heap.py): what startup made is
 frozen, young objects are collected every 20,000 allocations, and every collection is timed
 for /metrics. Checked in fresh interpreters and on a real tool server, never in the test
 process (the settings are the whole process's)."""
@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.heap import SERVICE_GC_THRESHOLDS
 from services.process import ServiceProcess
+from services.serving.heap import SERVICE_GC_THRESHOLDS
 
 SETTLED = """
 import gc, json, weakref
-from services.heap import settle_heap
+from services.serving.heap import settle_heap
 from services.metrics import ServiceMetrics
 
 before = gc.get_threshold()
@@ -62,7 +62,7 @@ def test_an_in_process_server_leaves_the_host_process_alone() -> None:
     trainer's, pytest's): only `serve()`, a process of its own, settles the heap."""
     script = (
         "import gc, json, socket\n"
-        "from services.serve import bind, start_server_thread\n"
+        "from services.serving.serve import bind, start_server_thread\n"
         "from starlette.applications import Starlette\n"
         "stop = start_server_thread(Starlette(), bind('127.0.0.1', 0))\n"
         "stop()\n"

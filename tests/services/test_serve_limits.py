@@ -27,9 +27,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from services.connections import ConnectionLimits
 from services.exceptions import ConfigError
-from services.serve import (
+from services.serving.connections import ConnectionLimits
+from services.serving.serve import (
     add_server_arguments,
     announcer,
     bind,
@@ -160,7 +160,7 @@ def log_lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 @pytest.fixture
 def connection_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.INFO, logger="services.connections")
+    caplog.set_level(logging.INFO, logger="services.serving.connections")
     return caplog
 
 
@@ -367,9 +367,9 @@ SERVE_SCRIPT = textwrap.dedent(
     """
     import sys
     from starlette.applications import Starlette
-    from services.connections import ConnectionLimits
+    from services.serving.connections import ConnectionLimits
     from services.logs import configure_logging
-    from services.serve import bind, serve
+    from services.serving.serve import bind, serve
 
     configure_logging("INFO")
     sock = bind("127.0.0.1", 0)
@@ -415,7 +415,7 @@ def connect_when_listening(stack: ExitStack, address: Address) -> socket.socket:
 FD_SCRIPT = textwrap.dedent(
     """
     import resource
-    from services.connections import FD_HEADROOM, ensure_fd_limit
+    from services.serving.connections import FD_HEADROOM, ensure_fd_limit
     from services.logs import configure_logging
 
     configure_logging("INFO")

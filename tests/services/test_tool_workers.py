@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from services.process import ServiceProcess
+from services.serving.workers import MAX_DEFAULT_WORKERS, default_workers
 from services.waiting import wait_for
-from services.workers import MAX_DEFAULT_WORKERS, default_workers
 from tests.helpers import worker_pids
 
 pytestmark = pytest.mark.slow

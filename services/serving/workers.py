@@ -36,7 +36,7 @@ from types import FrameType
 from services.exceptions import ConfigError, ServiceError
 from services.logs import flush_logs, log_event
 from services.process import child_preexec
-from services.serve import bind, url_host
+from services.serving.serve import bind, url_host
 
 logger = logging.getLogger("deepdive.workers")
 

@@ -1,6 +1,6 @@
 """Run an ASGI app under uvicorn: bind first (so port 0 works and the real port is known),
 refuse to expose an unauthenticated service beyond loopback, cut off slow clients and cap open
-connections (services/connections.py), log like the rest of the project."""
+connections (services/serving/connections.py), log like the rest of the project."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from typing import Protocol
 import uvicorn
 from starlette.types import ASGIApp
 
-from services.accepting import EagerAcceptServer
-from services.connections import ConnectionLimits, ensure_fd_limit, protocol_class
 from services.exceptions import ConfigError
-from services.heap import settle_heap
 from services.logs import configure_logging
 from services.secrets import TOKEN_ENV, apply_env_file, read_secret
+from services.serving.accepting import EagerAcceptServer
+from services.serving.connections import ConnectionLimits, ensure_fd_limit, protocol_class
+from services.serving.heap import settle_heap
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -96,7 +96,7 @@ class Announce(Protocol):
 def announcer(title: str, token: str | None, examples: Sequence[str]) -> Announce:
     """Prints where the service listens and how to try it; `{base}` and `{auth}` are filled in.
 
-    With several ports (one per worker process, services.workers) "listening on" is followed
+    With several ports (one per worker process, services.serving.workers) "listening on" is followed
     by every worker's URL, separated by commas: the one token a starter reads
     (services.process) and the value the rollout's `deepdive_tool_server_url` takes."""
 
@@ -182,7 +182,7 @@ def serve(
     )
     if on_listening is not None:
         on_listening(host, port)
-    settle_heap()  # this process is the service from here on (services/heap.py: why)
+    settle_heap()  # this process is the service from here on (services/serving/heap.py: why)
     EagerAcceptServer(config).run(sockets=[sock])
 
 

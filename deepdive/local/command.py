@@ -44,9 +44,10 @@ def run_engine(args: argparse.Namespace) -> None:
         )
     sock = bind(args.host, args.port)
     model, tokenizer = load_model(args.model)
+    metrics = ServiceMetrics("engine")
     app = create_engine_app(
         LocalEngine(model, tokenizer, max_batch=args.max_batch),
-        metrics=ServiceMetrics("engine"),
+        metrics=metrics,
         token=token,  # bearer auth on all but /health, as every other service
     )
     examples = [
@@ -59,6 +60,7 @@ def run_engine(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         on_listening=announcer(f"local engine ({args.model})", token, examples),
         limits=connection_limits(args),
+        metrics=metrics,
     )
 
 

@@ -97,4 +97,11 @@ def run(args: argparse.Namespace) -> None:
         ],
     )
     limits = connection_limits(args)
-    serve(app, sock, log_level=args.log_level, on_listening=announce, limits=limits)
+    serve(
+        app,
+        sock,
+        log_level=args.log_level,
+        on_listening=announce,
+        limits=limits,
+        metrics=metrics,
+    )

@@ -1,10 +1,12 @@
-"""Per-connection limits for our uvicorn servers: slow clients are cut off, open sockets are capped.
+"""Per-connection limits for our uvicorn servers: slow clients are cut off, open sockets are
+capped, in all and per client address. The policy is here; the hooks in uvicorn's protocol that
+apply it are in services/serving/uvicorn_internals.py.
 
-Why here and not in an ASGI middleware: the app (and its bearer-token check) only runs once a
-request's headers are complete, so a client that trickles its headers one byte at a time holds a
-socket forever without ever meeting our code. uvicorn's own `limit_concurrency` answers 503 only
-after a request line arrives, and it has no header or body timeout. So the HTTP protocol itself
-(uvicorn's httptools protocol, subclassed) arms a timer per phase:
+Why in the protocol and not in an ASGI middleware: the app (and its bearer-token check) only
+runs once a request's headers are complete, so a client that trickles its headers one byte at a
+time holds a socket forever without ever meeting our code. uvicorn's own `limit_concurrency`
+answers 503 only after a request line arrives, and it has no header or body timeout. So the HTTP
+protocol itself arms a timer per phase:
 
     headers  from the connection opening, or from the first byte of the next request on a
              keep-alive connection, until the request line and headers are complete
@@ -14,19 +16,23 @@ The app's own processing time (a tool call may take a minute) is in neither phas
 server itself stops reading (a pipelined request waiting its turn, or a body the app has not read
 yet): then the timer starts over instead of closing. Idle time between requests on a keep-alive
 connection stays uvicorn's `timeout_keep_alive` (5 s).
+
+Refused and cut-off connections are counted (/metrics: `<service>_connections_refused_total
+{reason}`, `<service>_connections_timed_out_total{phase}`) and logged as one WARNING line per
+5 s at most with the counts: a peer holding 4,200 idle sockets had written a line per socket
+cut off at the header timeout (16,529 lines in 40 s).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import resource
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal
-
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from typing import Literal
 
 from services.logs import log_event
 from services.typed_config import require
@@ -37,8 +43,8 @@ Phase = Literal["headers", "body"]
 
 # Sockets a server needs besides its clients: upstream connections, corpus and index files, logs.
 FD_HEADROOM = 512
-# A flood of refused connections is reported at most this often, with a count, not line by line.
-REJECTION_REPORT_INTERVAL_S = 5.0
+# Refused and cut-off connections are reported at most this often, with counts, not line by line.
+REPORT_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -56,16 +62,29 @@ class ConnectionLimits:
                      size in deepdive/clients.py), so 1024 would refuse a single busy trainer;
                      4096 leaves room for four while bounding file descriptors (`serve()` raises
                      the soft open-files limit to cover them when the hard limit allows).
+    max_connections_per_client
+                     connections one client address may hold (default: half of max_connections,
+                     2048): a node's rollout (1024 per process) fits, and one peer, however
+                     many sockets it opens, leaves the other half to everyone else.
     """
 
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     max_connections: int = 4096
+    max_connections_per_client: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("header_timeout", "body_timeout"):
             _check_seconds(name, getattr(self, name))
         _check_count("max_connections", self.max_connections)
+        if self.max_connections_per_client is not None:
+            _check_count("max_connections_per_client", self.max_connections_per_client)
+
+    @property
+    def client_share(self) -> int:
+        """Connections one client address may hold: as given, else half the cap."""
+        given = self.max_connections_per_client
+        return given if given is not None else max(1, self.max_connections // 2)
 
 
 def _option(name: str) -> str:
@@ -88,149 +107,120 @@ def _check_count(name: str, value: object) -> None:
     require(ok, _option(name), "a positive whole number", value)
 
 
+Schedule = Callable[[float, Callable[[], None]], object]
+
+
+class BatchedReport:
+    """One log line per interval at most, whatever the flood: events are counted by kind and
+    the counts written together. The first event after a quiet interval is written at once (on
+    the loop's next pass), later ones with the line that ends their interval, so nothing counted
+    goes unwritten. `schedule(delay, callback)` is the event loop's `call_later`."""
+
+    def __init__(
+        self,
+        event: str,
+        interval_s: float = REPORT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.event = event
+        self.interval_s = interval_s
+        self.clock = clock
+        self.pending: Counter[str] = Counter()
+        self.context: dict[str, object] = {}
+        self._last = -math.inf
+        self._scheduled = False
+
+    def add(self, kind: str, schedule: Schedule, **context: object) -> None:
+        """Count one event of `kind`; `context` (the latest value of each key) goes with the line."""
+        self.pending[kind] += 1
+        self.context.update(context)
+        if not self._scheduled:
+            self._scheduled = True
+            schedule(max(0.0, self._last + self.interval_s - self.clock()), self.write)
+
+    def write(self) -> None:
+        self._scheduled = False
+        if not self.pending:
+            return
+        fields: dict[str, object] = dict(sorted(self.pending.items()))
+        fields.update(self.context)
+        log_event(logger, self.event, logging.WARNING, **fields)
+        self.pending.clear()
+        self.context.clear()
+        self._last = self.clock()
+
+
 class ConnectionGuard:
-    """One server's limits and its count of refused connections (shared by its connections)."""
+    """One server's connection bookkeeping: which connections may open, and what was refused or
+    cut off (counted for /metrics, reported in batches). Shared by the server's connections, on
+    its event loop.
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    A connection is refused when the server holds `max_connections` (`server_full`), or when its
+    client address holds its share already (`client_share`): one peer re-opening thousands of
+    idle sockets takes at most its share, and everyone else still gets in."""
+
+    def __init__(
+        self, limits: ConnectionLimits, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limits = limits
-        self.rejected_total = 0
-        self._unreported = 0
-        self._last_report = -math.inf
+        self.open_total = 0
+        self.open_by_client: dict[str, int] = {}
+        self.refused: Counter[str] = Counter()  # reason -> connections refused
+        self.timed_out: Counter[str] = Counter()  # phase -> connections cut off
+        self._refusals = BatchedReport("connections_refused", clock=clock)
+        self._slow = BatchedReport("slow_clients_closed", clock=clock)
 
-    def note_rejected(self, open_connections: int) -> None:
-        """Count a refused connection; log at most one line per interval, whatever the flood."""
-        self.rejected_total += 1
-        self._unreported += 1
-        now = time.monotonic()
-        if now - self._last_report < REJECTION_REPORT_INTERVAL_S:
-            return
-        log_event(
-            logger,
-            "connection_rejected",
-            logging.WARNING,
-            open=open_connections,
-            max_connections=self.limits.max_connections,
-            rejected=self._unreported,
-            rejected_total=self.rejected_total,
-        )
-        self._unreported = 0
-        self._last_report = now
-
-
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header timeout, a body timeout and a connection cap.
-
-    Use `protocol_class(limits)`: each server gets its own subclass carrying its guard.
-    """
-
-    guard: ClassVar[ConnectionGuard]
-
-    _rejected = False
-    _phase: Phase | None = None
-    _timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        open_connections = len(self.connections)
-        if open_connections >= self.guard.limits.max_connections:
-            # Before uvicorn counts it or reads a byte: the client's first recv() sees the close.
-            self._rejected = True
-            transport.close()
-            self.guard.note_rejected(open_connections)
-            return
-        super().connection_made(transport)
-        self._arm("headers")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        if not self._rejected:  # a refused connection never joined uvicorn's bookkeeping
-            super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._rejected:
-            return
-        idle = self.cycle is None or self.cycle.response_complete
-        if self._timer is None and self._phase is None and idle:
-            # Bytes between requests: llhttp skips blank lines without starting a message, so
-            # on_message_begin alone would let a client trickle "\r\n" forever.
-            self._phase = "headers"
-        super().data_received(data)
-        # A phase's timer is armed only if the phase outlives this chunk: a request that came
-        # whole (the usual case) never creates one (two timers per request were ~2 % of a
-        # cached call's CPU).
-        if self._phase is not None and self._timer is None and not self.transport.is_closing():
-            self._arm(self._phase)
-
-    def on_message_begin(self) -> None:
-        if self._timer is None and self._phase is None:  # a pipelined request
-            self._phase = "headers"
-        super().on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        if self._timer is not None:
-            self._arm("body")  # the headers came in pieces: the body's time starts now
+    def admit(self, client: str | None, schedule: Schedule) -> bool:
+        """Whether a new connection from `client` (its address) may open; counted if so."""
+        held = self.open_by_client.get(client, 0) if client is not None else 0
+        if self.open_total >= self.limits.max_connections:
+            reason = "server_full"
+        elif held >= self.limits.client_share:
+            reason = "client_share"
         else:
-            self._phase = "body"
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self._disarm()  # from here on the time is the app's
-        super().on_message_complete()
-
-    def handle_websocket_upgrade(self) -> None:
-        self._disarm()  # the transport now belongs to the websocket protocol
-        super().handle_websocket_upgrade()
-
-    def _arm(self, phase: Phase) -> None:
-        self._disarm()
-        self._phase = phase
-        self._timer = self.loop.call_later(self._seconds(phase), self._expired)
-
-    def _seconds(self, phase: Phase) -> float:
-        limits = self.guard.limits
-        return limits.header_timeout if phase == "headers" else limits.body_timeout
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._phase = None, None
-
-    def _server_is_waiting(self) -> bool:
-        """True when the delay is ours: reading is paused (the app has not taken the body yet, or
-        a pipelined request waits its turn), or an earlier response on this connection is still
-        being produced."""
-        if self.flow.read_paused:
+            self.open_total += 1
+            if client is not None:
+                self.open_by_client[client] = held + 1
             return True
-        earlier_response_pending = self.cycle is not None and not self.cycle.response_complete
-        return self._phase == "headers" and earlier_response_pending
-
-    def _expired(self) -> None:
-        phase = self._phase
-        self._timer = None
-        if phase is None or self.transport.is_closing():
-            return
-        if self._server_is_waiting():
-            self._arm(phase)
-            return
-        log_event(
-            logger,
-            "slow_client_closed",
-            phase=phase,
-            client=f"{self.client[0]}:{self.client[1]}" if self.client else None,
-            timeout_s=self._seconds(phase),
+        self.refused[reason] += 1
+        self._refusals.add(
+            reason,
+            schedule,
+            open=self.open_total,
+            max_connections=self.limits.max_connections,
+            max_per_client=self.limits.client_share,
+            last_client=client,
         )
-        self._phase = None
-        # abort, not close: a client that also stops reading must not hold the socket open
-        # through a write buffer that never drains.
-        self.transport.abort()
+        return False
 
+    def release(self, client: str | None) -> None:
+        """An admitted connection closed."""
+        self.open_total -= 1
+        if client is None:
+            return
+        held = self.open_by_client.get(client, 0) - 1
+        if held > 0:
+            self.open_by_client[client] = held
+        else:
+            self.open_by_client.pop(client, None)
 
-def protocol_class(limits: ConnectionLimits) -> type[LimitedHttpToolsProtocol]:
-    """A protocol class for one uvicorn server (`uvicorn.Config(http=...)`), with its own guard."""
+    def write_reports(self) -> None:
+        """Write what is counted but not reported yet (the server is stopping)."""
+        self._refusals.write()
+        self._slow.write()
 
-    class ServerProtocol(LimitedHttpToolsProtocol):
-        guard = ConnectionGuard(limits)
-
-    return ServerProtocol
+    def note_timed_out(self, phase: Phase, client: str | None, schedule: Schedule) -> None:
+        """A client too slow with its headers or body was cut off: one of a batch, not a line
+        each (a peer holding thousands of silent sockets would write thousands of lines)."""
+        self.timed_out[phase] += 1
+        limits = self.limits
+        self._slow.add(
+            phase,
+            schedule,
+            header_timeout_s=limits.header_timeout,
+            body_timeout_s=limits.body_timeout,
+            last_client=client,
+        )
 
 
 def ensure_fd_limit(max_connections: int) -> None:

@@ -235,14 +235,24 @@ def run(args: argparse.Namespace) -> None:
     limits = connection_limits(args)
     show_progress = sys.stderr.isatty()
     if workers == 1:
-        app = tool_app(config, token, build_providers, show_progress)
-        serve(app, sockets[0], log_level=args.log_level, on_listening=announce, limits=limits)
+        metrics = ServiceMetrics("tool")
+        app = tool_app(config, token, build_providers, show_progress, metrics)
+        serve(
+            app,
+            sockets[0],
+            log_level=args.log_level,
+            on_listening=announce,
+            limits=limits,
+            metrics=metrics,
+        )
         return
     index = load_index(config, show_progress)  # once, shared by the workers' forks
 
     def serve_worker(number: int, sock: socket.socket) -> None:
-        app = tool_app(config, token, functools.partial(build_providers, index=index), False)
-        serve(app, sock, log_level=args.log_level, limits=limits)
+        metrics = ServiceMetrics("tool")
+        build = functools.partial(build_providers, index=index)
+        app = tool_app(config, token, build, False, metrics)
+        serve(app, sock, log_level=args.log_level, limits=limits, metrics=metrics)
 
     host = sockets[0].getsockname()[0]
     announce(host, *(sock.getsockname()[1] for sock in sockets))
@@ -250,9 +260,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def tool_app(
-    config: ToolServerConfig, token: str | None, build: ProviderBuilder, show_progress: bool
+    config: ToolServerConfig,
+    token: str | None,
+    build: ProviderBuilder,
+    show_progress: bool,
+    metrics: ServiceMetrics,
 ) -> ASGIApp:
-    """The tool server's app with its own metrics, providers, caches and sessions."""
-    metrics = ServiceMetrics("tool")
+    """The tool server's app with its own providers, caches and sessions, counting into `metrics`."""
     search, reader = build(config, metrics, show_progress)
     return create_app(ToolExecutor(config, search, reader, metrics), metrics, token=token)

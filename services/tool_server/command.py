@@ -22,8 +22,10 @@ from services.serving.serve import (
     prepare,
     serve,
 )
+from services.serving.supervision import SupervisionPolicy
 from services.serving.workers import (
     MAX_DEFAULT_WORKERS,
+    WorkerSlot,
     bind_workers,
     check_workers,
     default_workers,
@@ -53,6 +55,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port 0: a free port each) and its own caches; a session's calls must all reach one "
         f"(default: one per core this process may run on, at most {MAX_DEFAULT_WORKERS}; "
         f"here {default_workers()})",
+    )
+    supervision = SupervisionPolicy()
+    parser.add_argument(
+        "--worker-restarts-per-minute",
+        type=int,
+        default=supervision.max_restarts,
+        metavar="N",
+        help="a worker that dies or stops answering /health is started again on its port; "
+        "past N restarts in a minute (all workers together) the server fails "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-ping-interval",
+        type=float,
+        default=supervision.ping_interval_s,
+        metavar="SECONDS",
+        help="the supervisor asks each worker's /health this often (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-ping-timeout",
+        type=float,
+        default=supervision.ping_timeout_s,
+        metavar="SECONDS",
+        help="a ping unanswered this long is missed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-missed-pings",
+        type=int,
+        default=supervision.missed_pings,
+        metavar="N",
+        help="a worker that misses N pings in a row is frozen: killed and started again "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--search",
@@ -228,6 +262,7 @@ def run(args: argparse.Namespace) -> None:
     """One process for --workers 1; more: a supervisor and a worker process per port."""
     token = prepare(args)
     config = config_from_args(args)
+    policy = supervision_policy(args)  # a bad option fails before anything binds
     workers = default_workers() if args.workers is None else check_workers(args.workers)
     sockets = bind_workers(args.host, args.port, workers)
     title = f"tool server (search={config.search}, reader={config.reader})"
@@ -248,15 +283,33 @@ def run(args: argparse.Namespace) -> None:
         return
     index = load_index(config, show_progress)  # once, shared by the workers' forks
 
-    def serve_worker(number: int, sock: socket.socket) -> None:
+    def serve_worker(slot: WorkerSlot, sock: socket.socket) -> None:
         metrics = ServiceMetrics("tool")
+        metrics.worker_restarts.inc(slot.restarts)
         build = functools.partial(build_providers, index=index)
-        app = tool_app(config, token, build, False, metrics)
-        serve(app, sock, log_level=args.log_level, limits=limits, metrics=metrics)
+        app = tool_app(config, token, build, False, metrics, replacement=slot.restarts > 0)
+        serve(
+            app,
+            sock,
+            log_level=args.log_level,
+            on_listening=lambda host, port: slot.serving(),
+            limits=limits,
+            metrics=metrics,
+        )
 
     host = sockets[0].getsockname()[0]
     announce(host, *(sock.getsockname()[1] for sock in sockets))
-    supervise(sockets, serve_worker, "tool server")
+    supervise(sockets, serve_worker, "tool server", policy)
+
+
+def supervision_policy(args: argparse.Namespace) -> SupervisionPolicy:
+    """The workers' supervision from the command line (ConfigError names a bad option)."""
+    return SupervisionPolicy(
+        max_restarts=args.worker_restarts_per_minute,
+        ping_interval_s=args.worker_ping_interval,
+        ping_timeout_s=args.worker_ping_timeout,
+        missed_pings=args.worker_missed_pings,
+    )
 
 
 def tool_app(
@@ -265,7 +318,10 @@ def tool_app(
     build: ProviderBuilder,
     show_progress: bool,
     metrics: ServiceMetrics,
+    replacement: bool = False,
 ) -> ASGIApp:
-    """The tool server's app with its own providers, caches and sessions, counting into `metrics`."""
+    """The tool server's app with its own providers, caches and sessions, counting into
+    `metrics`; `replacement`: its worker replaces one that died (its sessions are lost)."""
     search, reader = build(config, metrics, show_progress)
-    return create_app(ToolExecutor(config, search, reader, metrics), metrics, token=token)
+    executor = ToolExecutor(config, search, reader, metrics, replacement=replacement)
+    return create_app(executor, metrics, token=token)

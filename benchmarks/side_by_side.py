@@ -203,7 +203,7 @@ def accept_run(
         "first_byte_within_100ms": round(sum(t <= 100 for t in finite) / max(1, len(times)), 3),
         "accept_queue_max": max(depths) if depths else None,
         "accept_queue_mean": round(statistics.mean(depths), 1) if depths else None,
-        "server_rss_mb": round(rss_mb(pid)),  # what the GC settings cost (services/heap.py)
+        "server_rss_mb": round(rss_mb(pid)),  # what the GC settings cost (services/serving/heap.py)
     }
 
 

@@ -10,6 +10,7 @@ ServiceError
     ├── InvalidArguments        arguments of the wrong shape or type
     ├── UnknownTool             a tool name the server does not offer
     ├── InvalidLinkId           click without a matching result in the session's latest search
+    ├── SessionLost             click in a session whose results died with a restarted worker
     ├── PageNotFound            the offline corpus has no page at that URL
     ├── PageUnavailable         the site answered with a bot challenge, an empty or unreadable page
     ├── ContentBlocked          the leakage filter or the domain blocklist refused the page
@@ -80,6 +81,13 @@ class UnknownTool(ToolError):
 
 class InvalidLinkId(ToolError):
     code = "invalid_link_id"
+
+
+class SessionLost(ToolError):
+    """The session's state (its latest results) was held by a tool server worker that died
+    and was restarted: the model must search again, nothing it did was wrong."""
+
+    code = "session_lost"
 
 
 class PageNotFound(ToolError):

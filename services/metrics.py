@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -12,9 +12,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
-from services.heap import GcCollector
+from services.serving.connections import ConnectionGuard
+from services.serving.heap import GcCollector
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # the *_created series double the output and nobody reads them
 
@@ -78,7 +81,19 @@ class ServiceMetrics:
         self.cache_misses = Counter(
             f"{prefix}_cache_misses", "Cache misses, by cache.", ["cache"], registry=self.registry
         )
+        self.worker_restarts = Counter(
+            f"{prefix}_worker_restarts",
+            "Times this worker (its port) was started again by its supervisor after it died or "
+            "stopped answering /health; each time its sessions' state was lost. 0 in a server "
+            "of one process.",
+            registry=self.registry,
+        )
+        self.prefix = prefix
         self.registry.register(GcCollector(prefix))
+
+    def watch_connections(self, guard: ConnectionGuard) -> None:
+        """Read the server's connection counts when /metrics is scraped (none per connection)."""
+        self.registry.register(_ConnectionCollector(self.prefix, guard))
 
     def watch_upstream(
         self, upstream: str, in_flight: Callable[[], float], waiting: Callable[[], float]
@@ -109,3 +124,37 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ConnectionCollector(Collector):
+    """`<prefix>_connections_open`, `_connections_refused_total{reason}` (server_full,
+    client_share) and `_connections_timed_out_total{phase}` (headers, body), from the guard."""
+
+    def __init__(self, prefix: str, guard: ConnectionGuard) -> None:
+        self.prefix = prefix
+        self.guard = guard
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily(
+            f"{self.prefix}_connections_open",
+            "Client connections open now.",
+            value=self.guard.open_total,
+        )
+        refused = CounterMetricFamily(
+            f"{self.prefix}_connections_refused",
+            "Connections closed unread on arrival: server_full (max connections open) or "
+            "client_share (that client address held its share already).",
+            labels=["reason"],
+        )
+        for reason in ("server_full", "client_share"):
+            refused.add_metric([reason], self.guard.refused[reason])
+        yield refused
+        timed_out = CounterMetricFamily(
+            f"{self.prefix}_connections_timed_out",
+            "Connections cut off because the client took longer than the header or body "
+            "timeout to send its request.",
+            labels=["phase"],
+        )
+        for phase in ("headers", "body"):
+            timed_out.add_metric([phase], self.guard.timed_out[phase])
+        yield timed_out

@@ -12,7 +12,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from starlette.applications import Starlette
@@ -64,14 +64,28 @@ def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-def request_error(error: RequestError) -> tuple[int, Any]:
-    """A malformed request's answer as (status, JSON content): the 4xx naming what is wrong."""
-    return error.status_code, error_body(error.code, error.message)
+class JsonAnswer(NamedTuple):
+    """What a JSON endpoint answers: the status and the content sent as JSON (through
+    `json_bytes`). The error helpers answer this, whichever way the endpoint is served: a
+    FastRoutes endpoint returns it, a Starlette route returns its `response()`."""
+
+    status: int
+    content: Any
+
+    def response(self) -> Response:
+        return json_response(self.content, status_code=self.status)
 
 
-def request_error_response(error: RequestError) -> Response:
-    status, content = request_error(error)
-    return json_response(content, status_code=status)
+def request_error(error: RequestError) -> JsonAnswer:
+    """A malformed request's answer: the 4xx naming what is wrong."""
+    return JsonAnswer(error.status_code, error_body(error.code, error.message))
+
+
+def internal_error(path: str, exc: Exception) -> JsonAnswer:
+    """A bug's answer: logged with its type, a 500 without internals."""
+    log_event(logger, "internal_error", logging.ERROR, path=path, error=type(exc).__name__)
+    logger.debug("internal error details", exc_info=exc)
+    return JsonAnswer(500, error_body("internal_error", "internal server error"))
 
 
 class ClientDisconnected(RequestError):
@@ -83,7 +97,7 @@ class ClientDisconnected(RequestError):
 
 
 # A hot endpoint: POST, served from the ASGI scope and receive channel alone (FastRoutes), and
-# answering (status, JSON content).
+# answering (status, JSON content): a JsonAnswer, or a plain pair.
 JsonEndpoint = Callable[[Scope, Receive], Awaitable[tuple[int, Any]]]
 
 
@@ -135,13 +149,7 @@ async def read_json(scope: Scope, receive: Receive, max_bytes: int) -> Any:
 
 async def internal_error_handler(request: Request, exc: Exception) -> Response:
     """Last resort: log the bug with its type, answer 500 without internals."""
-    return json_response(*_internal_error(request.url.path, exc))
-
-
-def _internal_error(path: str, exc: Exception) -> tuple[Any, int]:
-    log_event(logger, "internal_error", logging.ERROR, path=path, error=type(exc).__name__)
-    logger.debug("internal error details", exc_info=exc)
-    return error_body("internal_error", "internal server error"), 500
+    return internal_error(request.url.path, exc).response()
 
 
 class FastRoutes:
@@ -166,7 +174,7 @@ class FastRoutes:
         try:
             status, content = await endpoint(scope, receive)
         except Exception as exc:  # the last resort, as internal_error_handler is Starlette's
-            content, status = _internal_error(scope["path"], exc)
+            status, content = internal_error(scope["path"], exc)
         body = json_bytes(content)
         await send(
             {
@@ -186,8 +194,7 @@ def starlette_endpoint(endpoint: JsonEndpoint) -> Callable[[Request], Awaitable[
     Starlette's own test client on the inner app, say)."""
 
     async def route(request: Request) -> Response:
-        status, content = await endpoint(request.scope, request.receive)
-        return json_response(content, status_code=status)
+        return JsonAnswer(*await endpoint(request.scope, request.receive)).response()
 
     return route
 

@@ -50,7 +50,7 @@ from services.secrets import TOKEN_ENV, load_env_file
 from services.waiting import wait_for
 from slurm.backends import Backend, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
-from slurm.config import ExperimentConfig
+from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.environment import NodeInfo, current_node
 from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
@@ -290,7 +290,7 @@ class NodeBootstrap:
         self.ray.launch()
 
     def _launch_services(self, ports: NodePorts, environment: dict[str, str]) -> None:
-        host = self.config.services.host
+        host = node_ip() if self.config.services.host == NODE_ADDRESS else self.config.services.host
         logs = self.attempt.node_logs(self.node.node)
         drill = [DRILL_ARGUMENT] if drilled("services", self.node.node) else []
         for spec in self.backend.services():

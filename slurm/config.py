@@ -110,15 +110,21 @@ class ContainerTable:
             )
 
 
+# services.host: the node's own cluster address, resolved on each node (slurm/bootstrap.py)
+NODE_ADDRESS = "node"
+
+
 @dataclass(frozen=True)
 class ServicesTable:
-    """Each node's tool and reward servers. host 127.0.0.1: they answer their own node's
-    rollout worker only; any other address needs DEEPDIVE_SERVICE_TOKEN (environment or env
-    file). env_file: KEY=VALUE secrets (SERPER_API_KEY, ...), mode 0600, read on the node.
+    """Each node's tool and reward servers. host "node" (the default): each node's own cluster
+    address (the one Ray uses), never every interface; any address but loopback needs
+    DEEPDIVE_SERVICE_TOKEN (environment or env file); 127.0.0.1 when the services answer their
+    own node's rollout worker only (the local backend). env_file: KEY=VALUE secrets
+    (SERPER_API_KEY, ...), mode 0600, read on the node.
     tool_workers: the tool server's worker processes on each node, each on its own port of the
-    node's block; 0 = one per CPU of the node's task, at most 8 (services.workers)."""
+    node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers)."""
 
-    host: str = "127.0.0.1"
+    host: str = NODE_ADDRESS
     env_file: str = ""
     ready_timeout_s: float = 120.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"

@@ -128,7 +128,7 @@ def check_slime(config: ExperimentConfig) -> list[str]:
     if config.slurm.nodes > 1 and config.services.host in ("127.0.0.1", "localhost", "::1"):
         _fail(
             "services.host",
-            "an address the other nodes reach (e.g. 0.0.0.0, with DEEPDIVE_SERVICE_TOKEN in "
+            'an address the other nodes reach (e.g. "node", with DEEPDIVE_SERVICE_TOKEN in '
             "the env file): slime's rollout may run on any node and calls node 0's services",
         )
     return _memory_warnings(config, hf)

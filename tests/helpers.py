@@ -25,7 +25,7 @@ from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.rule_judge import RuleJudge
-from services.serve import bind, start_server_thread
+from services.serving.serve import bind, start_server_thread
 from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
@@ -100,7 +100,7 @@ def wait_for_requests(server: HTTPServer, count: int, timeout_s: float = 5.0) ->
 
 
 def worker_pids(supervisor: int) -> list[int]:
-    """The child processes of a server's supervisor (services.workers): its workers."""
+    """The child processes of a server's supervisor (services.serving.workers): its workers."""
     children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text()
     return [int(pid) for pid in children.split()]
 

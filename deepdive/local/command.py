@@ -13,7 +13,7 @@ from services.exceptions import ConfigError
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    from services.serve import add_server_arguments
+    from services.serving.serve import add_server_arguments
 
     add_server_arguments(parser, 30000)
     parser.add_argument(
@@ -35,7 +35,7 @@ def run_engine(args: argparse.Namespace) -> None:
     from deepdive.local.engine import LocalEngine, create_engine_app
     from deepdive.local.model import load_model
     from services.metrics import ServiceMetrics
-    from services.serve import announcer, bind, connection_limits, prepare, serve
+    from services.serving.serve import announcer, bind, connection_limits, prepare, serve
 
     token = prepare(args)
     if not (args.model / "config.json").is_file():
@@ -44,9 +44,10 @@ def run_engine(args: argparse.Namespace) -> None:
         )
     sock = bind(args.host, args.port)
     model, tokenizer = load_model(args.model)
+    metrics = ServiceMetrics("engine")
     app = create_engine_app(
         LocalEngine(model, tokenizer, max_batch=args.max_batch),
-        metrics=ServiceMetrics("engine"),
+        metrics=metrics,
         token=token,  # bearer auth on all but /health, as every other service
     )
     examples = [
@@ -59,6 +60,7 @@ def run_engine(args: argparse.Namespace) -> None:
         log_level=args.log_level,
         on_listening=announcer(f"local engine ({args.model})", token, examples),
         limits=connection_limits(args),
+        metrics=metrics,
     )
 
 

@@ -41,7 +41,7 @@ from services.web import (
     json_kind,
     json_response,
     read_json_body,
-    request_error_response,
+    request_error,
     service_app,
 )
 
@@ -368,7 +368,7 @@ def create_engine_app(
         except RequestError as error:
             metrics.observe_request("generate", error.code, time.perf_counter() - started)
             log_event(logger, "generate_refused", code=error.code, message=error.message)
-            return request_error_response(error)
+            return request_error(error).response()
         try:
             result = await engine.generate(parsed)
         except Exception:

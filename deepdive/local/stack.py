@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from services.process import ServiceProcess
-from services.serve import bind, start_server_thread
+from services.serving.serve import bind, start_server_thread
 
 
 def offline_tools_arguments(world: Path) -> list[str]:

@@ -10,7 +10,14 @@ from services.reward_server.app import create_app
 from services.reward_server.build import build_judge
 from services.reward_server.config import JUDGE_BACKENDS, RewardServerConfig
 from services.reward_server.evaluator import Evaluator
-from services.serve import add_server_arguments, announcer, bind, connection_limits, prepare, serve
+from services.serving.serve import (
+    add_server_arguments,
+    announcer,
+    bind,
+    connection_limits,
+    prepare,
+    serve,
+)
 
 DEFAULT_PORT = 8701
 
@@ -90,4 +97,11 @@ def run(args: argparse.Namespace) -> None:
         ],
     )
     limits = connection_limits(args)
-    serve(app, sock, log_level=args.log_level, on_listening=announce, limits=limits)
+    serve(
+        app,
+        sock,
+        log_level=args.log_level,
+        on_listening=announce,
+        limits=limits,
+        metrics=metrics,
+    )

@@ -15,20 +15,28 @@ from starlette.types import ASGIApp
 from services.http import UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.secrets import TOKEN_ENV
-from services.serve import add_server_arguments, announcer, connection_limits, prepare, serve
+from services.serving.serve import (
+    add_server_arguments,
+    announcer,
+    connection_limits,
+    prepare,
+    serve,
+)
+from services.serving.supervision import SupervisionPolicy
+from services.serving.workers import (
+    MAX_DEFAULT_WORKERS,
+    WorkerSlot,
+    bind_workers,
+    check_workers,
+    default_workers,
+    supervise,
+)
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers, load_index
 from services.tool_server.config import READER_BACKENDS, SEARCH_BACKENDS, ToolServerConfig
 from services.tool_server.providers import PageReader, SearchProvider
 from services.tool_server.tools import ToolExecutor
-from services.workers import (
-    MAX_DEFAULT_WORKERS,
-    bind_workers,
-    check_workers,
-    default_workers,
-    supervise,
-)
 
 DEFAULT_PORT = 8700
 ProviderBuilder = Callable[
@@ -47,6 +55,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port 0: a free port each) and its own caches; a session's calls must all reach one "
         f"(default: one per core this process may run on, at most {MAX_DEFAULT_WORKERS}; "
         f"here {default_workers()})",
+    )
+    supervision = SupervisionPolicy()
+    parser.add_argument(
+        "--worker-restarts-per-minute",
+        type=int,
+        default=supervision.max_restarts,
+        metavar="N",
+        help="a worker that dies or stops answering /health is started again on its port; "
+        "past N restarts in a minute (all workers together) the server fails "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-ping-interval",
+        type=float,
+        default=supervision.ping_interval_s,
+        metavar="SECONDS",
+        help="the supervisor asks each worker's /health this often (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-ping-timeout",
+        type=float,
+        default=supervision.ping_timeout_s,
+        metavar="SECONDS",
+        help="a ping unanswered this long is missed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-missed-pings",
+        type=int,
+        default=supervision.missed_pings,
+        metavar="N",
+        help="a worker that misses N pings in a row is frozen: killed and started again "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--search",
@@ -222,6 +262,7 @@ def run(args: argparse.Namespace) -> None:
     """One process for --workers 1; more: a supervisor and a worker process per port."""
     token = prepare(args)
     config = config_from_args(args)
+    policy = supervision_policy(args)  # a bad option fails before anything binds
     workers = default_workers() if args.workers is None else check_workers(args.workers)
     sockets = bind_workers(args.host, args.port, workers)
     title = f"tool server (search={config.search}, reader={config.reader})"
@@ -229,24 +270,58 @@ def run(args: argparse.Namespace) -> None:
     limits = connection_limits(args)
     show_progress = sys.stderr.isatty()
     if workers == 1:
-        app = tool_app(config, token, build_providers, show_progress)
-        serve(app, sockets[0], log_level=args.log_level, on_listening=announce, limits=limits)
+        metrics = ServiceMetrics("tool")
+        app = tool_app(config, token, build_providers, show_progress, metrics)
+        serve(
+            app,
+            sockets[0],
+            log_level=args.log_level,
+            on_listening=announce,
+            limits=limits,
+            metrics=metrics,
+        )
         return
     index = load_index(config, show_progress)  # once, shared by the workers' forks
 
-    def serve_worker(number: int, sock: socket.socket) -> None:
-        app = tool_app(config, token, functools.partial(build_providers, index=index), False)
-        serve(app, sock, log_level=args.log_level, limits=limits)
+    def serve_worker(slot: WorkerSlot, sock: socket.socket) -> None:
+        metrics = ServiceMetrics("tool")
+        metrics.worker_restarts.inc(slot.restarts)
+        build = functools.partial(build_providers, index=index)
+        app = tool_app(config, token, build, False, metrics, replacement=slot.restarts > 0)
+        serve(
+            app,
+            sock,
+            log_level=args.log_level,
+            on_listening=lambda host, port: slot.serving(),
+            limits=limits,
+            metrics=metrics,
+        )
 
     host = sockets[0].getsockname()[0]
     announce(host, *(sock.getsockname()[1] for sock in sockets))
-    supervise(sockets, serve_worker, "tool server")
+    supervise(sockets, serve_worker, "tool server", policy)
+
+
+def supervision_policy(args: argparse.Namespace) -> SupervisionPolicy:
+    """The workers' supervision from the command line (ConfigError names a bad option)."""
+    return SupervisionPolicy(
+        max_restarts=args.worker_restarts_per_minute,
+        ping_interval_s=args.worker_ping_interval,
+        ping_timeout_s=args.worker_ping_timeout,
+        missed_pings=args.worker_missed_pings,
+    )
 
 
 def tool_app(
-    config: ToolServerConfig, token: str | None, build: ProviderBuilder, show_progress: bool
+    config: ToolServerConfig,
+    token: str | None,
+    build: ProviderBuilder,
+    show_progress: bool,
+    metrics: ServiceMetrics,
+    replacement: bool = False,
 ) -> ASGIApp:
-    """The tool server's app with its own metrics, providers, caches and sessions."""
-    metrics = ServiceMetrics("tool")
+    """The tool server's app with its own providers, caches and sessions, counting into
+    `metrics`; `replacement`: its worker replaces one that died (its sessions are lost)."""
     search, reader = build(config, metrics, show_progress)
-    return create_app(ToolExecutor(config, search, reader, metrics), metrics, token=token)
+    executor = ToolExecutor(config, search, reader, metrics, replacement=replacement)
+    return create_app(executor, metrics, token=token)

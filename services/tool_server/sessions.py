@@ -3,6 +3,12 @@
 Bounded in both directions: entries expire after `ttl_s` without use, and at most
 `max_sessions` are kept (least recently used dropped first), so a 3,000-step run whose
 trajectories never say goodbye cannot grow the server without bound.
+
+A worker started to replace one that died (services/serving/workers.py) holds none of the old
+worker's sessions, and the rollout goes on sending them. Such a store also remembers which
+sessions it has served since it started: a session it has never seen had its state in the old
+worker (`lost`), so a click there is `session_lost` (search again), not `invalid_link_id` (a
+model's mistake). Only a replacement pays for that record.
 """
 
 from __future__ import annotations
@@ -24,11 +30,27 @@ class SessionSettings:
 
 class SessionStore:
     def __init__(
-        self, settings: SessionSettings, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: SessionSettings,
+        clock: Callable[[], float] = time.monotonic,
+        replacement: bool = False,
     ) -> None:
         self._sessions: TTLCache[str, tuple[SearchResult, ...]] = TTLCache(
             maxsize=settings.max_sessions, ttl=settings.ttl_s, timer=clock
         )
+        self._seen: TTLCache[str, bool] | None = None
+        if replacement:
+            self._seen = TTLCache(maxsize=settings.max_sessions, ttl=settings.ttl_s, timer=clock)
+
+    def lost(self, session_id: str) -> bool:
+        """Whether this session's state was lost with the worker this one replaced: a
+        replacement that has not served it yet."""
+        return self._seen is not None and session_id not in self._seen
+
+    def served(self, session_id: str) -> None:
+        """A call of this session was served here (recorded by a replacement only)."""
+        if self._seen is not None:
+            self._seen[session_id] = True
 
     def __len__(self) -> int:
         self._sessions.expire()

@@ -30,6 +30,7 @@ from services.exceptions import (
     DeadlineExceeded,
     InvalidArguments,
     InvalidLinkId,
+    SessionLost,
     UnknownTool,
 )
 from services.metrics import ServiceMetrics
@@ -60,7 +61,10 @@ class ToolExecutor:
         search: SearchProvider,
         reader: PageReader,
         metrics: ServiceMetrics | None = None,
+        replacement: bool = False,
     ) -> None:
+        """`replacement`: this executor's worker replaces one that died (its sessions' state
+        went with it: services/tool_server/sessions.py)."""
         self.config = config
         self.search_provider = search
         self.reader = reader
@@ -70,7 +74,7 @@ class ToolExecutor:
         self.page_cache: AsyncCache[PreparedPage] = AsyncCache(
             "page", config.page_cache, metrics, sizeof=lambda page: page.nbytes
         )
-        self.sessions = SessionStore(config.sessions)
+        self.sessions = SessionStore(config.sessions, replacement=replacement)
         self.blocklist = DomainBlocklist(config.blocked_domains)
         self._handlers: dict[str, Callable[[ToolRequest, float], Awaitable[ToolOutcome]]] = {
             "search": self._search,
@@ -112,6 +116,8 @@ class ToolExecutor:
                 f"{request.name} took longer than {budget:g}s and was stopped; try again or "
                 "try something else"
             ) from None
+        finally:
+            self.sessions.served(request.session_id)
 
     async def _search(self, request: ToolRequest, deadline: float) -> ToolOutcome:
         args = _validated(request)
@@ -137,6 +143,11 @@ class ToolExecutor:
         args = _validated(request)
         link_id: int = args["link_id"]
         results = self.sessions.latest_results(request.session_id)
+        if not results and self.sessions.lost(request.session_id):
+            raise SessionLost(
+                "this session's search results were lost: the tool server restarted since "
+                "your last search; search again, then click"
+            )
         if not results:
             raise InvalidLinkId(
                 "there are no search results to click in this session; call search first"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.workers import default_workers
+from services.serving.workers import default_workers
 from slurm.config import ExperimentConfig
 from slurm.run_folder import AttemptFolder
 

@@ -1,4 +1,4 @@
-"""A service process settles its heap before it serves (services/heap.py): what startup made is
+"""A service process settles its heap before it serves (services/serving/heap.py): what startup made is
 frozen, young objects are collected every 20,000 allocations, and every collection is timed
 for /metrics. Checked in fresh interpreters and on a real tool server, never in the test
 process (the settings are the whole process's)."""
@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.heap import SERVICE_GC_THRESHOLDS
 from services.process import ServiceProcess
+from services.serving.heap import SERVICE_GC_THRESHOLDS, service_gc_thresholds
 
 SETTLED = """
 import gc, json, weakref
-from services.heap import settle_heap
+from services.serving.heap import settle_heap
 from services.metrics import ServiceMetrics
 
 before = gc.get_threshold()
@@ -48,8 +48,8 @@ def test_settling_freezes_startup_raises_the_thresholds_and_times_collections() 
         [sys.executable, "-c", SETTLED], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     seen = json.loads(out)
-    assert seen["before"] == [700, 10, 10]  # CPython's defaults: what a service ran with before
-    assert seen["after"] == list(SERVICE_GC_THRESHOLDS)
+    expected = service_gc_thresholds()
+    assert seen["after"] == (list(expected) if expected else seen["before"])
     assert seen["frozen"] > 1000  # the imported code and what it built
     assert seen["freed"]  # cycles are still collected
     full = next(m for m in seen["metrics"] if 'count{generation="2"}' in m)
@@ -62,16 +62,36 @@ def test_an_in_process_server_leaves_the_host_process_alone() -> None:
     trainer's, pytest's): only `serve()`, a process of its own, settles the heap."""
     script = (
         "import gc, json, socket\n"
-        "from services.serve import bind, start_server_thread\n"
+        "from services.serving.serve import bind, start_server_thread\n"
         "from starlette.applications import Starlette\n"
+        "before = [gc.get_threshold(), gc.get_freeze_count()]\n"
         "stop = start_server_thread(Starlette(), bind('127.0.0.1', 0))\n"
         "stop()\n"
-        "print(json.dumps([gc.get_threshold(), gc.get_freeze_count()]))\n"
+        "print(json.dumps([before, [gc.get_threshold(), gc.get_freeze_count()]]))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     ).stdout
-    assert json.loads(out) == [[700, 10, 10], 0]
+    before, after = json.loads(out)
+    assert after == before
+    assert before[1] == 0  # nothing frozen by the host either
+
+
+@pytest.mark.parametrize(
+    ("version", "implementation", "expected"),
+    [
+        ((3, 10), "CPython", SERVICE_GC_THRESHOLDS),
+        ((3, 11), "CPython", SERVICE_GC_THRESHOLDS),  # where they were measured
+        ((3, 12), "CPython", SERVICE_GC_THRESHOLDS),  # slime's image: the same collector
+        ((3, 13), "CPython", SERVICE_GC_THRESHOLDS),
+        ((3, 14), "CPython", None),  # the incremental collector: its thresholds mean otherwise
+        ((3, 11), "PyPy", None),
+    ],
+)
+def test_the_thresholds_are_set_only_for_the_collector_they_were_measured_on(
+    version: tuple[int, int], implementation: str, expected: tuple[int, int, int] | None
+) -> None:
+    assert service_gc_thresholds(version, implementation) == expected
 
 
 @pytest.mark.slow

@@ -27,9 +27,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from services.connections import ConnectionLimits
 from services.exceptions import ConfigError
-from services.serve import (
+from services.serving.connections import ConnectionLimits
+from services.serving.serve import (
     add_server_arguments,
     announcer,
     bind,
@@ -160,7 +160,7 @@ def log_lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
 
 @pytest.fixture
 def connection_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.INFO, logger="services.connections")
+    caplog.set_level(logging.INFO, logger="services.serving.connections")
     return caplog
 
 
@@ -173,10 +173,10 @@ def test_slowloris_headers_are_cut_off_at_the_header_timeout(
         assert elapsed is not None, "a client trickling its headers was never cut off"
         assert 0.95 <= elapsed <= 1.0 + SLACK_S
         assert get(connect(stack, address)) == (200, b"hi")  # a normal client is unaffected
-    [line] = log_lines(connection_logs, "slow_client_closed")
-    assert "phase=headers" in line
-    assert "timeout_s=1.0" in line
-    assert "client=127.0.0.1:" in line
+    [line] = log_lines(connection_logs, "slow_clients_closed")
+    assert "headers=1 " in line and "body=" not in line
+    assert "header_timeout_s=1.0" in line
+    assert line.endswith("last_client=127.0.0.1")
 
 
 def test_slow_body_is_cut_off_at_the_body_timeout(
@@ -193,8 +193,8 @@ def test_slow_body_is_cut_off_at_the_body_timeout(
         fast = connect(stack, address)
         fast.sendall(headers + b"x" * 1000)
         assert read_response(fast) == (200, b"1000")
-    [line] = log_lines(connection_logs, "slow_client_closed")
-    assert "phase=body" in line
+    [line] = log_lines(connection_logs, "slow_clients_closed")
+    assert line.startswith("slow_clients_closed body=1 ")
 
 
 def test_app_time_is_not_counted_against_the_client() -> None:
@@ -267,7 +267,8 @@ def test_connections_past_the_cap_are_closed_at_once(
     connection_logs: pytest.LogCaptureFixture,
 ) -> None:
     cap = 3
-    with running(ConnectionLimits(max_connections=cap)) as address, ExitStack() as stack:
+    limits = ConnectionLimits(max_connections=cap, max_connections_per_client=cap)
+    with running(limits) as address, ExitStack() as stack:
         admitted = [connect(stack, address) for _ in range(cap)]
         for sock in admitted:  # answered: the server has counted each of them
             assert get(sock) == (200, b"hi")
@@ -280,9 +281,10 @@ def test_connections_past_the_cap_are_closed_at_once(
             sock.close()
         assert served_on_a_new_connection(stack, address)
         assert served_on_a_new_connection(stack, address)
-    # two refused, one line: a flood is reported with a count, not line by line
-    [line] = log_lines(connection_logs, "connection_rejected")
-    assert f"open={cap} max_connections={cap} rejected=1" in line
+    # two refused: the first at once, the second counted into the line written at shutdown
+    lines = log_lines(connection_logs, "connections_refused")
+    assert [line.split()[1] for line in lines] == ["server_full=1", "server_full=1"]
+    assert f"open={cap} max_connections={cap}" in lines[0]
 
 
 def served_on_a_new_connection(stack: ExitStack, address: Address) -> bool:
@@ -367,9 +369,9 @@ SERVE_SCRIPT = textwrap.dedent(
     """
     import sys
     from starlette.applications import Starlette
-    from services.connections import ConnectionLimits
+    from services.serving.connections import ConnectionLimits
     from services.logs import configure_logging
-    from services.serve import bind, serve
+    from services.serving.serve import bind, serve
 
     configure_logging("INFO")
     sock = bind("127.0.0.1", 0)
@@ -397,7 +399,7 @@ def test_serve_applies_the_limits_too() -> None:
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=20)
-    assert "slow_client_closed phase=headers" in stderr
+    assert "slow_clients_closed headers=1 " in stderr
 
 
 def connect_when_listening(stack: ExitStack, address: Address) -> socket.socket:
@@ -415,7 +417,7 @@ def connect_when_listening(stack: ExitStack, address: Address) -> socket.socket:
 FD_SCRIPT = textwrap.dedent(
     """
     import resource
-    from services.connections import FD_HEADROOM, ensure_fd_limit
+    from services.serving.connections import FD_HEADROOM, ensure_fd_limit
     from services.logs import configure_logging
 
     configure_logging("INFO")

@@ -34,6 +34,19 @@ def test_sessions_are_capped_over_a_long_run() -> None:
     assert store.latest_results("trajectory-0") is None
 
 
+def test_a_replacement_store_tells_lost_sessions_from_its_own() -> None:
+    """A worker started in place of one that died: a session it has not served had its state
+    in the old worker (lost); one it served is its own, with or without results."""
+    store = SessionStore(SessionSettings(), replacement=True)
+    assert store.lost("from-before")
+    store.served("mine")
+    assert not store.lost("mine")
+    original = SessionStore(SessionSettings())  # the first worker of its port lost nothing
+    assert not original.lost("anything")
+    original.served("anything")  # and records nothing
+    assert len(original) == 0
+
+
 def test_close_forgets_a_session() -> None:
     store = SessionStore(SessionSettings())
     store.remember_results("a", RESULT)

@@ -3,7 +3,7 @@ maximal pages (from a fake Jina reader) stay inside the bound the caches state.
 
 The bound: the server's resident memory grows by at most search-cache + page-cache budget + a
 fixed allowance for the allocator and the sessions (STATED_ALLOWANCE_MB). Measured: +64-72 MB
-(2026-12-02, under the service's GC settings, services/heap.py; before the lean client freed a
+(2026-12-02, under the service's GC settings, services/serving/heap.py; before the lean client freed a
 closed connection at once it was +95 MB with CPython's and +310 MB with those); the same load
 with 4,000 MiB budgets and no cut grew the server by 392 MB.
 """

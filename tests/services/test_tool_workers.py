@@ -1,22 +1,29 @@
 """`deepdive serve tools --workers N`: a supervisor and N worker processes, each on its own
-port, for real (processes, HTTP on loopback): every worker answers, a stop reaches them all,
-and a worker that dies takes the whole server down with a non-zero status."""
+port, for real (processes, HTTP on loopback): every worker answers, a stop reaches them all; a
+worker killed under load is started again on the same port (which never stops listening), its
+sessions' clicks answer session_lost; a frozen worker (SIGSTOP) is found by its missed pings and
+replaced; restarts past the bound end the whole server with a non-zero status."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from services.process import ServiceProcess
+from services.serving.workers import MAX_DEFAULT_WORKERS, default_workers
 from services.waiting import wait_for
-from services.workers import MAX_DEFAULT_WORKERS, default_workers
 from tests.helpers import worker_pids
 
 pytestmark = pytest.mark.slow
@@ -82,20 +89,150 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_worker_that_dies_ends_the_whole_server_with_a_non_zero_status(
+def tool_call(url: str, session: str, name: str, **arguments: object) -> dict[str, Any]:
+    body = {"session_id": session, "name": name, "arguments": arguments}
+    response = httpx.post(f"{url}/tool", json=body, timeout=30)
+    response.raise_for_status()
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def restarts_counted(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    line = next(x for x in text.splitlines() if x.startswith("deepdive_tool_worker_restarts_total"))
+    return float(line.split()[-1])
+
+
+def replaced(supervisor: int, *old: int) -> int | None:
+    """The pid of a worker the supervisor started after `old` (every worker it had), if any."""
+    fresh = [pid for pid in worker_pids(supervisor) if pid not in old]
+    return fresh[0] if fresh else None
+
+
+@contextmanager
+def load(url: str) -> Iterator[list[bool]]:
+    """Searches sent back to back to `url` from a thread until the block ends: each outcome."""
+    outcomes: list[bool] = []
+    done = threading.Event()
+
+    def send() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not done.is_set():
+                body = {"session_id": "load", "name": "search", "arguments": {"query": "Vorn"}}
+                try:
+                    outcomes.append(client.post(f"{url}/tool", json=body).status_code == 200)
+                except httpx.TransportError:
+                    outcomes.append(False)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    try:
+        yield outcomes
+    finally:
+        done.set()
+        thread.join(timeout=60)
+
+
+def test_a_killed_worker_is_restarted_on_its_port_and_its_sessions_are_told_they_are_lost(
     corpus_file: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "tools.log"
     with tool_server(corpus_file, log, "--workers", "2") as server:
-        assert server.process is not None and len(server.urls) == 2
-        victim, survivor = worker_pids(server.process.pid)
+        assert server.process is not None
+        supervisor = server.process.pid
+        victim, survivor = worker_pid(log, 0), worker_pid(log, 1)
+        url = server.urls[0]
+        tool_call(url, "before", "search", query="orrery")  # a session the old worker served
+        assert "error" not in tool_call(url, "before", "click", link_id=1)
+        with load(url) as outcomes:
+            wait_for(lambda: len(outcomes) >= 5, timeout_s=30, what="the load")
+            os.kill(victim, signal.SIGKILL)
+            # the port still listens: a connection made now is answered by the replacement
+            waiting = socket.create_connection(("127.0.0.1", port_of(url)), timeout=5)
+            fresh = wait_for(
+                lambda: replaced(supervisor, victim, survivor), timeout_s=60, what="a new worker"
+            )
+            served = len(outcomes)
+            wait_for(lambda: any(outcomes[served:]), timeout_s=60, what="the load served again")
+        with waiting:
+            waiting.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            waiting.settimeout(60)
+            assert waiting.recv(64).startswith(b"HTTP/1.1 200")
+        assert set(worker_pids(supervisor)) == {fresh, survivor}
+        lost = tool_call(url, "before", "click", link_id=1)
+        assert lost["error"]["code"] == "session_lost", lost
+        assert "search again" in lost["observation"]
+        # a session this worker has not served may have searched in the old one: lost too
+        assert tool_call(url, "after", "click", link_id=1)["error"]["code"] == "session_lost"
+        tool_call(url, "before", "search", query="orrery")
+        assert "error" not in tool_call(url, "before", "click", link_id=1)
+        assert tool_call(url, "before", "click", link_id=99)["error"]["code"] == "invalid_link_id"
+        assert restarts_counted(url) == 1
+        assert restarts_counted(server.urls[1]) == 0
+        assert tool_call(server.urls[1], "other", "click", link_id=1)["error"]["code"] == (
+            "invalid_link_id"  # the other worker was never replaced: nothing of its was lost
+        )
+    text = log.read_text()
+    assert "worker_exited worker=0" in text and 'reason="exited with status -9"' in text
+    assert "worker_restarted worker=0" in text
+
+
+def worker_pid(log: Path, index: int) -> int:
+    """The pid of worker `index` (its port is server.urls[index]), from its start-up line."""
+    found = re.findall(rf"worker_started worker={index} \S+ pid=(\d+)", log.read_text())
+    assert found, f"no start-up line of worker {index}"
+    return int(found[-1])
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def test_a_frozen_worker_is_found_by_its_missed_pings_and_replaced(
+    corpus_file: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "tools.log"
+    pings = ("--worker-ping-interval", "0.5", "--worker-ping-timeout", "1")
+    with tool_server(corpus_file, log, "--workers", "2", *pings, "--worker-missed-pings", "2") as (
+        server
+    ):
+        assert server.process is not None
+        supervisor = server.process.pid
+        victim, survivor = worker_pid(log, 0), worker_pid(log, 1)
+        os.kill(victim, signal.SIGSTOP)
+        wait_for(
+            lambda: replaced(supervisor, victim, survivor),
+            timeout_s=60,
+            what="the frozen one replaced",
+        )
+        assert httpx.get(f"{server.urls[0]}/health", timeout=60).json() == {"status": "ok"}
+        assert not running(victim)
+    text = log.read_text()
+    assert "worker_frozen worker=0" in text
+    assert "worker_frozen worker=1" not in text  # the one that kept answering was left alone
+    assert 'reason="did not answer /health 2 times in a row (1 s each)"' in text
+
+
+def test_restarts_past_the_bound_end_the_whole_server_with_a_non_zero_status(
+    corpus_file: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "tools.log"
+    bound = ("--worker-restarts-per-minute", "1")
+    with tool_server(corpus_file, log, "--workers", "2", *bound) as server:
+        assert server.process is not None
+        supervisor = server.process.pid
+        victim, survivor = worker_pid(log, 0), worker_pid(log, 1)
         os.kill(victim, signal.SIGKILL)
-        status = server.process.wait(timeout=30)
-        assert status == 1  # never a silent half-capacity server
-        wait_for(lambda: not running(survivor), timeout_s=5, what="the other worker")
+        fresh = wait_for(
+            lambda: replaced(supervisor, victim, survivor), timeout_s=60, what="a new worker"
+        )
+        os.kill(fresh, signal.SIGKILL)  # a second death within the minute: past the bound
+        status = server.process.wait(timeout=60)
+        assert status == 1  # never a server that restarts forever
+        wait_for(lambda: not running(survivor), timeout_s=30, what="the other worker")
     text = log.read_text()
     assert "worker_exited" in text and "status=-9" in text
-    assert "exited with status -9; the other workers were stopped" in text
+    assert "exited with status -9, after 1 restarts in the last 60 s (the most allowed: 1)" in text
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.urls[0]}/health", timeout=2)
 

@@ -14,7 +14,7 @@ import pytest
 import submitit
 
 from deepdive.rollout_settings import RolloutSettings
-from services.workers import MAX_DEFAULT_WORKERS
+from services.serving.workers import MAX_DEFAULT_WORKERS
 from slurm.backends import build_backend
 from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled
 from slurm.cadence import LONG_POLL_S

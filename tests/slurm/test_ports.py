@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.serve import bind
+from services.serving.serve import bind
 from slurm.ports import (
     BLOCK,
     HIGH,
@@ -139,7 +139,7 @@ def test_a_taken_tool_worker_port_moves_the_node_too() -> None:
 
 def test_a_port_bound_but_not_listening_yet_is_taken() -> None:
     """The tool server's supervisor binds every worker's port (with SO_REUSEADDR, as
-    services.serve.bind does) before the workers load their apps and listen: a second job must
+    services.serving.serve.bind does) before the workers load their apps and listen: a second job must
     not plan that block, or whichever server listens second fails."""
     job = job_with_a_free_block(1)
     planned = next(candidate_blocks(job, 0, 1))

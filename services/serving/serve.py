@@ -1,6 +1,8 @@
 """Run an ASGI app under uvicorn: bind first (so port 0 works and the real port is known),
 refuse to expose an unauthenticated service beyond loopback, cut off slow clients and cap open
-connections (services/connections.py), log like the rest of the project."""
+connections, in all and per client (services/serving/connections.py), log like the rest of the
+project. Connections are accepted by uvicorn's own listener (docs/services.md: why the accept
+loop of our own is gone)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,17 @@ from typing import Protocol
 import uvicorn
 from starlette.types import ASGIApp
 
-from services.accepting import EagerAcceptServer
-from services.connections import ConnectionLimits, ensure_fd_limit, protocol_class
 from services.exceptions import ConfigError
-from services.heap import settle_heap
 from services.logs import configure_logging
+from services.metrics import ServiceMetrics
 from services.secrets import TOKEN_ENV, apply_env_file, read_secret
+from services.serving.connections import ConnectionGuard, ConnectionLimits, ensure_fd_limit
+from services.serving.heap import settle_heap
+from services.serving.uvicorn_internals import ServiceServer, protocol_class
+
+# Connections the kernel completes before the server accepts them (uvicorn's default): what
+# queues while a worker is being replaced, since its supervisor keeps the socket listening.
+BACKLOG = 2048
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -67,6 +74,14 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
         metavar="N",
         help="connections open at once; more are closed unread (default: %(default)s)",
     )
+    parser.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=defaults.max_connections_per_client,
+        metavar="N",
+        help="connections one client address may hold; more are closed unread "
+        "(default: half of --max-connections)",
+    )
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
@@ -75,6 +90,7 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
     )
 
 
@@ -96,7 +112,7 @@ class Announce(Protocol):
 def announcer(title: str, token: str | None, examples: Sequence[str]) -> Announce:
     """Prints where the service listens and how to try it; `{base}` and `{auth}` are filled in.
 
-    With several ports (one per worker process, services.workers) "listening on" is followed
+    With several ports (one per worker process, services.serving.workers) "listening on" is followed
     by every worker's URL, separated by commas: the one token a starter reads
     (services.process) and the value the rollout's `deepdive_tool_server_url` takes."""
 
@@ -157,57 +173,65 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(
-    app: ASGIApp,
-    sock: socket.socket,
-    log_level: str = "info",
-    on_listening: Callable[[str, int], None] | None = None,
-    limits: ConnectionLimits | None = None,
-) -> None:
-    """Serve until SIGINT/SIGTERM. `on_listening(host, port)` is called once the socket is bound.
-    `limits` (default: ConnectionLimits()) bounds slow clients and open connections."""
-    limits = limits or ConnectionLimits()
-    host, port = sock.getsockname()[:2]
-    ensure_fd_limit(limits.max_connections)
-    config = uvicorn.Config(
+def server_config(app: ASGIApp, guard: ConnectionGuard, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
         app,
         log_config=None,  # our logging configuration stays in charge
         log_level=log_level.lower(),
         access_log=False,  # one line per call comes from the app, without request bodies
         proxy_headers=False,  # no proxy in front: X-Forwarded-For is not read on every request
         loop="auto",
-        http=protocol_class(limits),  # httptools, with header/body timeouts and the cap
+        http=protocol_class(guard),  # httptools, with header/body timeouts and the caps
         lifespan="on",
+        backlog=BACKLOG,
         timeout_graceful_shutdown=10,
     )
+
+
+def serve(
+    app: ASGIApp,
+    sock: socket.socket,
+    log_level: str = "info",
+    on_listening: Callable[[str, int], None] | None = None,
+    limits: ConnectionLimits | None = None,
+    metrics: ServiceMetrics | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM. `on_listening(host, port)` is called once the socket is bound.
+    `limits` (default: ConnectionLimits()) bounds slow clients and open connections; `metrics`,
+    the app's, gets the refused and cut-off connections' counts."""
+    guard = ConnectionGuard(limits or ConnectionLimits())
+    if metrics is not None:
+        metrics.watch_connections(guard)
+    host, port = sock.getsockname()[:2]
+    ensure_fd_limit(guard.limits.max_connections)
+    config = server_config(app, guard, log_level)
     if on_listening is not None:
         on_listening(host, port)
-    settle_heap()  # this process is the service from here on (services/heap.py: why)
-    EagerAcceptServer(config).run(sockets=[sock])
+    settle_heap()  # this process is the service from here on (services/serving/heap.py: why)
+    ServiceServer(config, guard).run(sockets=[sock])
 
 
 def start_server_thread(
-    app: ASGIApp, sock: socket.socket, limits: ConnectionLimits | None = None
+    app: ASGIApp,
+    sock: socket.socket,
+    limits: ConnectionLimits | None = None,
+    metrics: ServiceMetrics | None = None,
 ) -> Callable[[], None]:
     """Serve `app` under uvicorn on a bound socket in a daemon thread (its own event loop), for
-    in-process servers (the local engine, tests); returns the function that stops it. The same
-    connection limits as `serve()` apply (default: ConnectionLimits())."""
-    config = uvicorn.Config(
-        app,
-        log_config=None,
-        access_log=False,
-        proxy_headers=False,
-        lifespan="on",
-        log_level="warning",
-        http=protocol_class(limits or ConnectionLimits()),
-    )
-    server = EagerAcceptServer(config)
+    in-process servers (the local engine, tests); returns the function that stops it once the
+    socket listens. The same connection limits as `serve()` apply (default: ConnectionLimits())."""
+    guard = ConnectionGuard(limits or ConnectionLimits())
+    if metrics is not None:
+        metrics.watch_connections(guard)
+    server = ServiceServer(server_config(app, guard, "warning"), guard)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while not server.accepting.wait(0.01):  # listening: a connect from here on is not refused
+    # uvicorn sets `started` once its sockets listen: a connect from here on is not refused
+    while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
 
     def stop() -> None:
         server.should_exit = True

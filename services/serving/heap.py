@@ -18,6 +18,8 @@ hold data (services/plain_http.py, a connection the server closed) it was fixed 
 from __future__ import annotations
 
 import gc
+import platform
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +31,11 @@ from prometheus_client.registry import Collector
 # gen0 every 20,000 net allocations; gen1 every 50 of those, gen2 every 100 of gen1 (and, as
 # CPython always does, only once the objects waiting for it are a quarter of those it holds)
 SERVICE_GC_THRESHOLDS = (20_000, 50, 100)
+# Measured on CPython 3.11's three-generation collector. 3.10 to 3.13 have the same one (the
+# thresholds count allocations and collections alike; slime's image runs 3.12). From 3.14 the
+# collector is incremental, with two generations and thresholds that mean something else: the
+# figures above say nothing there, so CPython's own thresholds stay.
+TUNED_VERSIONS = ((3, 10), (3, 13))
 
 
 @dataclass
@@ -41,13 +48,28 @@ class _Pauses:
 _pauses = _Pauses()
 
 
+def service_gc_thresholds(
+    version: tuple[int, int] = (sys.version_info.major, sys.version_info.minor),
+    implementation: str = platform.python_implementation(),
+) -> tuple[int, int, int] | None:
+    """The thresholds a service sets on this interpreter: SERVICE_GC_THRESHOLDS on the CPython
+    versions whose collector they were measured for, None (leave CPython's own) elsewhere."""
+    first, last = TUNED_VERSIONS
+    if implementation == "CPython" and first <= version <= last:
+        return SERVICE_GC_THRESHOLDS
+    return None
+
+
 def settle_heap() -> None:
     """Called once a service process has built its app, before it serves: collect startup's
     garbage, freeze the rest (it lives as long as the process; a fork then shares its pages),
-    raise the collection thresholds and time every collection for /metrics."""
+    raise the collection thresholds (where they were measured: service_gc_thresholds) and time
+    every collection for /metrics."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*SERVICE_GC_THRESHOLDS)
+    thresholds = service_gc_thresholds()
+    if thresholds is not None:
+        gc.set_threshold(*thresholds)
     if _time_collection not in gc.callbacks:
         gc.callbacks.append(_time_collection)
 

@@ -18,6 +18,7 @@ from services.cli import add_overrides_argument
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
+from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import RunFolder, private_folder
 
 
@@ -53,7 +54,8 @@ def run_submit(args: argparse.Namespace) -> None:
 
         for warning in check_slime(config):
             print(f"warning: {warning}", file=sys.stderr)
-    if config.container.image:
+    missing = missing_inputs(config)
+    if config.container.image and not any(item.startswith("container.") for item in missing):
         from slurm.image_labels import check_image
 
         check_image(
@@ -67,7 +69,15 @@ def run_submit(args: argparse.Namespace) -> None:
         print(sbatch_script(config))
         print("# the training command node 0 runs, in RUN/attempts/JOB-RESTART")
         print(backend.describe(attempt))
+        if missing:  # what a real submission refuses: printed after what would run
+            for item in missing:
+                print(f"missing: {item}", file=sys.stderr)
+            raise ConfigError(
+                f"{len(missing)} input(s) missing (above): a real submission refuses until "
+                "they exist"
+            )
         return
+    require_inputs(config)
     if run.finished.exists():
         print(f"{run.root} finished already ({run.finished}): nothing to submit")
         return
@@ -261,6 +271,8 @@ def run_convert_checkpoint(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"{args.config}: convert-checkpoint converts slime checkpoints (backend = slime)"
         )
+    if not args.dry_run:
+        require_inputs(config, ("container.", "slime.model.hf_checkpoint"))
     conversion = plan(config, args.direction, args.iteration)
     if conversion.output.exists():
         raise ConfigError(f"{conversion.output} exists already: nothing to convert")

@@ -2,8 +2,8 @@
 
 One TOML file says where the run lives, what Slurm is asked for, which image runs it, how each
 node's services and bootstrap behave, and what the backend trains. It is checked whole before
-anything is submitted (an unknown key, a wrong type, a missing image or env file names the key
-and what it expects) and saved resolved in the run folder, so a requeued or resubmitted job
+anything is submitted (an unknown key, a wrong type names the key and what it expects; what
+must exist on disk is slurm.preflight's) and saved resolved in the run folder, so a requeued or resubmitted job
 runs exactly what was submitted. Secrets are never part of it: `services.env_file` names a
 file (mode 0600) that each node reads for itself.
 """
@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepdive.local.config import LocalRunConfig, RunSection
-from services.exceptions import ConfigError
-from services.secrets import check_env_file
 from services.typed_config import load_toml, require
 from slurm.ports import TOOL_PORTS
 from slurm.slime_config import SlimeSection
@@ -99,15 +97,6 @@ class ContainerTable:
     binds: list[str] = field(default_factory=list)  # also bound: the run folder, /dev/shm
     options: list[str] = field(default_factory=list)  # e.g. ["--containall"]
     python: str = "python3"
-
-    def __post_init__(self) -> None:
-        if self.image:
-            require(
-                Path(self.image).expanduser().is_file(),
-                "container.image",
-                "an Apptainer image file (.sif) that exists",
-                self.image,
-            )
 
 
 # services.host: the node's own cluster address, resolved on each node (slurm/bootstrap.py)
@@ -217,14 +206,12 @@ def resolved(config: ExperimentConfig) -> ExperimentConfig:
         ),
     )
     services = config.services
-    if services.env_file:
+    if services.env_file:  # its existence and mode: slurm.preflight
         env_file = Path(services.env_file).expanduser().absolute()
-        try:  # the file's values are read on the node, never here
-            check_env_file(env_file)
-        except ConfigError as error:
-            raise ConfigError(f"services.env_file: {error.message}") from None
         services = dataclasses.replace(services, env_file=str(env_file))
-    return dataclasses.replace(config, run=run, local=local, container=container, services=services)
+    return dataclasses.replace(
+        config, run=run, local=local, container=container, services=services, slime=slime
+    )
 
 
 def absolute(path: str) -> str:

@@ -120,9 +120,11 @@ def check_slime(config: ExperimentConfig) -> list[str]:
                 "slime.parallelism.tensor",
                 f"{tensor} does not divide the model's {count} {name}",
             )
-    hf = _read_model_config(config)
-    _check_model_config(config, args, hf)
-    _check_context(config, args, hf)
+    hf: dict[str, Any] | None = None
+    if (Path(slime.model.hf_checkpoint) / "config.json").is_file():
+        hf = _read_model_config(config)
+        _check_model_config(config, args, hf)
+        _check_context(config, args, hf)
     if slime.eval.sets and "--group-rm" in slime.extra_args:
         _fail("slime.extra_args", f"--group-rm with slime.eval.sets: {REFUSED['--group-rm']}")
     if config.slurm.nodes > 1 and config.services.host in ("127.0.0.1", "localhost", "::1"):
@@ -131,6 +133,11 @@ def check_slime(config: ExperimentConfig) -> list[str]:
             'an address the other nodes reach (e.g. "node", with DEEPDIVE_SERVICE_TOKEN in '
             "the env file): slime's rollout may run on any node and calls node 0's services",
         )
+    if hf is None:  # slurm.preflight lists the missing model; a real submit refuses it
+        return [
+            f"not checked against the model (no {slime.model.hf_checkpoint}/config.json yet): "
+            "the preset's shape, the context SGLang serves, the memory estimate"
+        ]
     return _memory_warnings(config, hf)
 
 
@@ -189,21 +196,13 @@ def _check_required(config: ExperimentConfig) -> None:
         )
     if not model.hf_checkpoint:
         _fail("slime.model.hf_checkpoint", "a Hugging Face model folder (with config.json)")
-    if not (Path(model.hf_checkpoint) / "config.json").is_file():
-        _fail("slime.model.hf_checkpoint", f"{model.hf_checkpoint} has no config.json")
-    if model.ref_load and not Path(model.ref_load).is_dir():
-        _fail("slime.model.ref_load", f"{model.ref_load} is not a folder (a torch_dist checkpoint)")
     if (
         config.slime.algorithm.use_kl_loss or config.slime.algorithm.kl_coef
     ) and not model.ref_load:
         _fail("slime.model.ref_load", "the reference torch_dist checkpoint (KL needs one)")
     if not rollout.prompt_data:
         _fail("slime.rollout.prompt_data", "a JSONL file of prompts (deepdive convert)")
-    if not Path(rollout.prompt_data).is_file():
-        _fail("slime.rollout.prompt_data", f"{rollout.prompt_data}: no such file")
-    for name, path in config.slime.eval.sets.items():
-        if not Path(path).is_file():
-            _fail(f"slime.eval.sets.{name}", f"{path}: no such file")
+    # that they exist is slurm.preflight's: a dry run goes on without them
     if config.slurm.gpus_per_node < 1:
         _fail("slurm.gpus_per_node", "at least 1 for the slime backend")
 

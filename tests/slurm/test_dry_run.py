@@ -130,3 +130,36 @@ def test_the_python_command_runs_in_the_image(tmp_path: Path, nv: bool) -> None:
     expected = ["apptainer", "exec", *(["--nv"] if nv else [])]
     expected += ["--bind", str(tmp_path / "run"), "--bind", "/dev/shm", "--containall"]
     assert python_command(config) == " ".join([*expected, str(image), "python3"])
+
+
+def test_the_recipe_dry_runs_before_anything_is_downloaded_or_built(tmp_path: Path) -> None:
+    """No image, env file, model or data yet: the dry run still prints the sbatch script and
+    slime's command, then lists what is missing and exits non-zero; the submission refuses."""
+    recipe = ROOT / "configs" / "deepdive-qwen.toml"
+    dry = subprocess.run(
+        [*DEEPDIVE, "submit", str(recipe), "--dry-run"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert dry.returncode == 2, dry.stderr
+    assert "#SBATCH --nodes=2" in dry.stdout and "/opt/slime/train.py" in dry.stdout
+    for flag in ("--attention-dropout 0.0", "--sglang-context-length", "--recompute-granularity"):
+        assert flag in dry.stdout, flag
+    # relative paths are taken from where you submit (the trainer runs in slime's folder)
+    assert f"--prompt-data {tmp_path}/data/train.jsonl" in " ".join(dry.stdout.split())
+    missing = [line for line in dry.stderr.splitlines() if line.startswith("missing: ")]
+    assert [line.split(":")[1].strip() for line in missing] == [
+        "container.image",
+        "services.env_file",
+        "slime.model.hf_checkpoint",
+        "slime.model.ref_load",
+        "slime.rollout.prompt_data",
+    ]
+    assert dry.stderr.strip().splitlines()[-1].startswith("deepdive: error: 5 input(s) missing")
+    real = subprocess.run(
+        [*DEEPDIVE, "submit", str(recipe)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert real.returncode == 2 and "5 inputs are missing: container.image" in real.stderr
+    assert not (tmp_path / "runs").exists()

@@ -17,6 +17,7 @@ import yaml
 from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
 from slurm.backends.slime import SlimeBackend
+from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import RunFolder
 from slurm.slime_args import presets, render, slime_arguments
 from slurm.slime_checks import check_slime, slime_flags
@@ -163,10 +164,6 @@ def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str,
         (['services.host="127.0.0.1"'], "services.host: an address the other nodes reach"),
         (['slime.model.ref_load=""'], "slime.model.ref_load: the reference torch_dist checkpoint"),
         (
-            ['slime.rollout.prompt_data="/nowhere.jsonl"'],
-            "slime.rollout.prompt_data: /nowhere.jsonl: no such file",
-        ),
-        (
             [
                 "slurm.gpus_per_node=0",
                 "slime.resources.actor_num_gpus_per_node=1",
@@ -180,6 +177,30 @@ def test_each_check_names_the_key(world: dict[str, Path], extra: list[str], mess
     with pytest.raises(ConfigError) as error:
         check_slime(recipe(world, *extra))
     assert message in error.value.message
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ['slime.rollout.prompt_data="/nowhere.jsonl"'],
+            "slime.rollout.prompt_data: /nowhere.jsonl",
+        ),
+        (['slime.model.ref_load="/nowhere"'], "slime.model.ref_load: /nowhere is not a folder"),
+        (['slime.model.hf_checkpoint="/nowhere"'], "slime.model.hf_checkpoint: /nowhere has no"),
+        (['slime.eval.sets={held="/nowhere.jsonl"}'], "slime.eval.sets.held: /nowhere.jsonl"),
+    ],
+)
+def test_what_the_job_reads_is_listed_when_missing(
+    world: dict[str, Path], extra: list[str], message: str
+) -> None:
+    """check_slime judges the config alone (a dry run needs no model yet); the inputs that
+    must exist are listed by the preflight, and a real submission refuses them."""
+    config = recipe(world, *extra)
+    check_slime(config)
+    assert [item for item in missing_inputs(config) if item.startswith(message)]
+    with pytest.raises(ConfigError, match=message.split(":")[0]):
+        require_inputs(config)
 
 
 def test_a_preset_that_does_not_match_the_model_says_which_numbers(world: dict[str, Path]) -> None:

@@ -278,6 +278,19 @@ def _check_gpus(config: ExperimentConfig) -> None:
             f"actor ({actor}) + rollout ({resources.rollout_num_gpus}) GPUs must fit the job's "
             f"{total} ({slurm.nodes} nodes x {slurm.gpus_per_node}), or set colocate = true",
         )
+    used = -(-(actor + rollout) // slurm.gpus_per_node)  # whole nodes, rounded up
+    shares = (
+        f"actor {actor}, the rollout on the same GPUs"
+        if resources.colocate
+        else f"actor {actor} + rollout {rollout}"
+    )
+    if used < slurm.nodes:
+        _fail(
+            "slurm.nodes",
+            f"{slurm.nodes} nodes, but slime uses {actor + rollout} GPUs ({shares}) = {used} "
+            f"node(s) of {slurm.gpus_per_node}: {slurm.nodes - used} would sit idle; ask for "
+            f"{used} (or give slime.resources the other nodes)",
+        )
 
 
 def _arguments(items: list[str]) -> dict[str, str]:

@@ -161,6 +161,11 @@ def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str,
             "--data-source-path my.source.Source: the launcher passes",
         ),
         (['slime.extra_args=["--lr-warmup-fraction"]'], "--lr-warmup-fraction takes a value"),
+        (
+            ["slurm.nodes=4"],
+            "slurm.nodes: 4 nodes, but slime uses 16 GPUs (actor 16, the rollout on the same "
+            "GPUs) = 2 node(s) of 8: 2 would sit idle",
+        ),
         (['services.host="127.0.0.1"'], "services.host: an address the other nodes reach"),
         (['slime.model.ref_load=""'], "slime.model.ref_load: the reference torch_dist checkpoint"),
         (

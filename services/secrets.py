@@ -52,6 +52,12 @@ def load_env_file(path: str | Path) -> dict[str, str]:
     return values
 
 
+def env_file_keys(path: str | Path) -> set[str]:
+    """The names an env file sets (the file checked and parsed as load_env_file does; every
+    value dropped at once): what a submitting machine may know of a file read on the nodes."""
+    return set(load_env_file(path))
+
+
 def apply_env_file(path: str | Path) -> None:
     """Load an env file into os.environ without overriding variables already set."""
     for key, value in load_env_file(path).items():

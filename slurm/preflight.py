@@ -5,11 +5,14 @@ missing; a real submission refuses until the list is empty."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from services.exceptions import ConfigError
-from services.secrets import check_env_file
+from services.secrets import TOKEN_ENV, env_file_keys
 from slurm.config import ExperimentConfig
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def missing_inputs(config: ExperimentConfig, only: tuple[str, ...] = ()) -> list[str]:
@@ -19,11 +22,20 @@ def missing_inputs(config: ExperimentConfig, only: tuple[str, ...] = ()) -> list
     image = config.container.image
     if image and not Path(image).is_file():
         missing.append(f"container.image: {image}: no such file (an Apptainer image, .sif)")
+    keys: set[str] = set()
     if config.services.env_file:
-        try:  # existence and mode only: its values are read on the nodes, never here
-            check_env_file(Path(config.services.env_file))
+        try:  # its names only: the values are read on the nodes, never here
+            keys = env_file_keys(Path(config.services.env_file))
         except ConfigError as error:
             missing.append(f"services.env_file: {error.message}")
+            keys = {TOKEN_ENV}  # said once: the file itself is what is missing
+    host = config.services.host
+    if host not in LOOPBACK and TOKEN_ENV not in keys and not os.environ.get(TOKEN_ENV):
+        missing.append(
+            f"services.host: {host!r} serves the other nodes, which needs {TOKEN_ENV} (the "
+            "services refuse to start without it): put it in services.env_file, or set "
+            'services.host = "127.0.0.1" on one node'
+        )
     if config.run.backend == "slime":
         missing += _slime_inputs(config)
     return [item for item in missing if item.startswith(only)] if only else missing

@@ -123,3 +123,22 @@ def test_the_cli_prints_one_line_and_submits_nothing(tmp_path: Path) -> None:
     assert result.stderr.startswith("deepdive: error: ") and "slurm.nodes" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()  # nothing was created, nothing submitted
+
+
+def test_services_for_other_nodes_need_the_token_named_in_the_env_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """host "node" serves the other nodes; without DEEPDIVE_SERVICE_TOKEN the services refuse
+    to start, after the allocation: the submission says so first (from the file's names)."""
+    monkeypatch.delenv("DEEPDIVE_SERVICE_TOKEN", raising=False)
+    keys = tmp_path / "keys.env"
+    keys.write_text("SERPER_API_KEY=secret-value-123\n")
+    keys.chmod(0o600)
+    text = f'[services]\nhost = "node"\nenv_file = "{keys}"\n'
+    config = load_experiment(write(tmp_path, text))
+    with pytest.raises(ConfigError, match=r"services\.host: 'node' serves the other nodes"):
+        require_inputs(config)
+    keys.write_text("SERPER_API_KEY=secret-value-123\nDEEPDIVE_SERVICE_TOKEN=t0k3n-value\n")
+    require_inputs(config)
+    local = load_experiment(write(tmp_path, '[services]\nhost = "127.0.0.1"\n'))
+    require_inputs(local)

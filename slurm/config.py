@@ -59,7 +59,9 @@ class SlurmTable:
     constraint: str = ""
     exclusive: bool = False
     signal_delay_s: int = 90  # USR2 this long before the time limit: requeue and resume
-    max_requeues: int = 3  # preemptions and timeouts a run survives
+    # requeues a run survives, whatever their cause (a time limit or a preemption alike: the
+    # job's SLURM_RESTART_COUNT); submitit's "timed-out"/"preempted" is its guess from elapsed time
+    max_requeues: int = 3
     extra: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
 

@@ -262,6 +262,18 @@ def test_every_nodes_tool_server_workers_are_read_node_by_node(
             "the same URL is listed twice in 'http://a:1,http://b:2;http://b:2'",
         ),
         (
+            "tool_server_url",
+            ["http://a:1,http://b:2", "http://c:3"],
+            "URL 1 of 2: one URL each, without ',' or ';' (they separate workers and nodes), "
+            "got 'http://a:1,http://b:2'",
+        ),
+        (
+            "reward_server_url",
+            "http://a:1;http://b:2",
+            "one URL each, without ',' or ';' (they separate workers and nodes), "
+            "got 'http://a:1;http://b:2'",
+        ),
+        (
             "reward_server_url",
             "http://a:1,ftp://b",
             "URL 2 of 2: expected an http(s) URL, got 'ftp://b'",

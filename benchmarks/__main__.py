@@ -15,6 +15,7 @@ from benchmarks import (
     engine,
     job_start,
     local_training,
+    node_services,
     reward_server,
     rollout,
     side_by_side,
@@ -270,6 +271,39 @@ def show_side_by_side(
     console.print(roll)
 
 
+def show_node_services(console: Console, results: dict[str, Any]) -> None:
+    table = Table(
+        title=f"a 2-node slime job's services: {results['rollouts']} rollouts of "
+        f"{results['groups_per_rollout']} groups x {results['samples_per_group']} samples, "
+        f"{results['workers_per_node']} tool workers per node, upstreams "
+        f"{results['upstream_latency_ms']:.0f} ms (medians of {results['repeats']})"
+    )
+    table.add_column("YAML")
+    columns = (
+        "node",
+        "tool calls",
+        "Serper calls",
+        "tool server CPU s",
+        "reward calls",
+        "judge calls",
+        "reward server CPU s",
+    )
+    right_aligned(table, columns)
+    for run in results["runs"]:
+        for number, node in enumerate(run["nodes"]):
+            table.add_row(
+                run["yaml"] if number == 0 else "",
+                str(number),
+                f"{node['tool_calls']:.0f}",
+                f"{node['serper_calls']:.0f}",
+                f"{node['tool_cpu_s']:.2f}",
+                f"{node['reward_calls']:.0f}",
+                f"{node['judge_calls']:.0f}",
+                f"{node['reward_cpu_s']:.2f}",
+            )
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
@@ -283,6 +317,7 @@ def main() -> None:
             "job_start",
             "local_training",
             "side_by_side",
+            "node_services",
         ],
         help="run one benchmark",
     )
@@ -327,6 +362,10 @@ def main() -> None:
         results = job_start.run()
         (RESULTS / "job_start.json").write_text(json.dumps(results, indent=2))
         show_job_start(console, results)
+    if args.only in (None, "node_services"):
+        results = node_services.run()
+        (RESULTS / "node_services.json").write_text(json.dumps(results, indent=2))
+        show_node_services(console, results)
     if args.only in (None, "local_training"):
         results = local_training.run()
         (RESULTS / "local_training.json").write_text(json.dumps(results, indent=2))

@@ -3,7 +3,7 @@ deepdive.rollout.generate_with_tool` and `--custom-rm-path deepdive.rollout.rewa
 
 Per turn: send the token ids so far to SGLang's /generate (token in, token out: the model's own
 tokens are never re-tokenised), stop at the end of a tool call, parse it with the shared
-protocol, run it on the tool server (on the one worker of the node's tool server that the
+protocol, run it on the tool server (on the one worker of one node's tool server that the
 episode's prompt picks: deepdive.routing), and append the observation as tokens with loss mask 0
 and log-probability 0.0. Each turn's max_new_tokens shrinks so prompt + response never exceed the
 context. `finish` ends the episode.
@@ -46,7 +46,7 @@ from deepdive.protocol import (
 )
 from deepdive.rollout_modes import refuse_unsupported_modes
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
-from deepdive.routing import worker_for
+from deepdive.routing import node_for, tool_worker_for
 from deepdive.sample import status_name, status_of
 from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
@@ -269,8 +269,9 @@ async def generate_with_tool(
     if requested(sampling_params):
         trajectory.top_p = TopPSpans()
     session_id = sample.session_id or f"deepdive-{uuid.uuid4().hex}"
-    # every call of the episode goes to one worker, the one its prompt picks (deepdive.routing)
-    tool_url = worker_for(prompt_text, settings.tool_server_urls)
+    # every call of the episode goes to one worker of one node, the one its prompt picks
+    # (deepdive.routing): a group's samples share theirs
+    tool_url = tool_worker_for(prompt_text, settings.tool_server_nodes)
     env = remote_env_info(sample)
     stats = RolloutStats()
     response_budget = int(sampling_params.get("max_new_tokens") or settings.max_context_tokens)
@@ -433,10 +434,12 @@ def reward_shaped(args: Any, value: float) -> Any:
 async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
     """slime's custom reward: the reward server's strict binary reward (batch form for a group).
 
-    An aborted sample, a sample without a label or an unreachable reward server scores 0.0, and
-    the reason is kept in sample.metadata["reward_details"]. When the batch call fails, each
-    sample is asked for on its own, so one item the server cannot take never costs the group
-    its other rewards. Raises only ConfigError: a URL that is not our reward server's.
+    Each sample's reward comes from the reward server of its prompt's node (deepdive.routing),
+    the node its tool calls went to: a batch is sent as one call per node. An aborted sample,
+    a sample without a label or an unreachable reward server scores 0.0, and the reason is
+    kept in sample.metadata["reward_details"]. When a batch call fails, each of its samples
+    is asked for on its own, so one item the server cannot take never costs the group its
+    other rewards. Raises only ConfigError: a URL that is not our reward server's.
     """
     samples = sample if isinstance(sample, list) else [sample]
     rewards = [0.0] * len(samples)
@@ -449,30 +452,52 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
             }
     if pending:
         settings = settings_from_args(args)
-        client = await checked_client(
-            REWARD_SERVER, settings.reward_server_url, settings.reward_timeout_s, settings.retries
+        by_node: dict[str, list[int]] = {}
+        for i in pending:
+            url = node_for(_routing_text(samples[i]), settings.reward_server_urls)
+            by_node.setdefault(url, []).append(i)
+        answers = await asyncio.gather(
+            *(
+                _node_rewards(settings, url, [samples[i] for i in indices])
+                for url, indices in by_node.items()
+            )
         )
-        payloads = [_reward_payload(samples[i]) for i in pending]
-        try:
-            results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
-        except ConfigError:
-            raise  # a wrong URL: the run stops
-        except ServiceError as error:
-            log_event(
-                logger, "reward_failed", logging.WARNING, error=error.message, samples=len(pending)
-            )
-            results = [_error_result(error)] if len(payloads) == 1 else []
-        if not results:  # the batch failed: each sample on its own
-            results = list(
-                await asyncio.gather(
-                    *(_evaluate_one(client, p, settings.reward_timeout_s) for p in payloads)
-                )
-            )
-        for i, result in zip(pending, results, strict=True):
-            rewards[i] = _reward_value(result)
-            samples[i].metadata = {**(samples[i].metadata or {}), "reward_details": result}
+        for indices, results in zip(by_node.values(), answers, strict=True):
+            for i, result in zip(indices, results, strict=True):
+                rewards[i] = _reward_value(result)
+                samples[i].metadata = {**(samples[i].metadata or {}), "reward_details": result}
     shaped = [reward_shaped(args, reward) for reward in rewards]
     return shaped if isinstance(sample, list) else shaped[0]
+
+
+def _routing_text(sample: Any) -> str:
+    """The prompt the sample's episode was routed by (`generate_with_tool` leaves the rendered
+    text in sample.prompt); any other prompt by its repr, so a group still picks one node."""
+    prompt = sample.prompt
+    return prompt if isinstance(prompt, str) else repr(prompt)
+
+
+async def _node_rewards(settings: RolloutSettings, url: str, samples: list[Any]) -> list[Any]:
+    """The reward server at `url`'s answers for `samples`: one batch call, or, when it fails,
+    one call per sample. Raises only ConfigError."""
+    client = await checked_client(REWARD_SERVER, url, settings.reward_timeout_s, settings.retries)
+    payloads = [_reward_payload(s) for s in samples]
+    try:
+        results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
+    except ConfigError:
+        raise  # a wrong URL: the run stops
+    except ServiceError as error:
+        log_event(
+            logger, "reward_failed", logging.WARNING, error=error.message, samples=len(samples)
+        )
+        results = [_error_result(error)] if len(payloads) == 1 else []
+    if not results:  # the batch failed: each sample on its own
+        results = list(
+            await asyncio.gather(
+                *(_evaluate_one(client, p, settings.reward_timeout_s) for p in payloads)
+            )
+        )
+    return results
 
 
 async def _evaluate_batch(

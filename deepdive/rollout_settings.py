@@ -8,7 +8,8 @@ fallback, for running the hook by hand.
 
 The tool and reward server settings are base URLs; DeepDive's own variables name the endpoints
 (`.../tool`, `.../evaluate`), so those exact trailing segments are taken off when read here
-(`endpoint_base`), and either spelling works.
+(`endpoint_base`), and either spelling works. A job of several nodes gives every node's URLs:
+each episode keeps to one worker of one node, picked from its prompt (deepdive.routing).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import logging
 import os
 from argparse import Namespace
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -38,6 +40,7 @@ EVAL_LOG_FUNCTION_PATH = "deepdive.aborts.log_eval_rollout"
 # The tokenizer object the local backend hands the rollout (slime's hook loads hf_checkpoint's).
 TOKENIZER_ARG = "deepdive_tokenizer"
 _PREFIX = "deepdive_"
+NODES = ";"  # between nodes in the string form of the tool server's URLs
 
 
 def arg_name(field: str) -> str:
@@ -49,11 +52,15 @@ def arg_name(field: str) -> str:
 class RolloutSettings:
     """sglang_url          SGLang (router) base URL; default http://{sglang_router_ip}:{sglang_router_port}
     tool_server_url     the tool server's base URL (POST /tool), or its workers' URLs separated
-                        by commas (a list is read too): each episode keeps to one, picked from
-                        its prompt (deepdive.routing); `tool_server_urls` has them split;
-                        read from args, `.../tool` works too (for each URL)
-    reward_server_url   the reward server's base URL (POST /evaluate, /evaluate/batch); read
-                        from args, `.../evaluate` and `.../evaluate/batch` work too
+                        by commas (a list is read too), and with several nodes each node's
+                        separated by semicolons (a list of lists is read too): each episode
+                        keeps to one worker of one node, picked from its prompt
+                        (deepdive.routing); `tool_server_nodes` has them split; read from args,
+                        `.../tool` works too (for each URL)
+    reward_server_url   the reward server's base URL (POST /evaluate, /evaluate/batch), or one
+                        per node separated by commas (or a list), in the tool server's order
+                        of nodes: a sample's reward comes from its prompt's node; read from
+                        args, `.../evaluate` and `.../evaluate/batch` work too
     max_turns           model turns at most; more ends the episode as TRUNCATED (default 64)
     max_context_tokens  prompt + response never exceed this (slime's --rollout-max-context-len)
     on_malformed        fail: end the episode as FAILED (DeepDive's choice); continue: show the
@@ -100,15 +107,27 @@ class RolloutSettings:
             raise ConfigError(
                 f"{arg_name('max_aborted_share')}: expected a share from 0 to 1, got {share!r}"
             )
-        for name in ("sglang_url", "reward_server_url"):
-            _check_url(arg_name(name), getattr(self, name))
-        urls = url_list(arg_name("tool_server_url"), self.tool_server_url)
-        object.__setattr__(self, "tool_server_url", ",".join(urls))  # one spelling, always
+        _check_url(arg_name("sglang_url"), self.sglang_url)
+        nodes = node_lists(arg_name("tool_server_url"), self.tool_server_url)
+        rewards = url_list(arg_name("reward_server_url"), self.reward_server_url)
+        # one spelling, always: workers joined by commas, nodes by semicolons
+        object.__setattr__(self, "tool_server_url", NODES.join(",".join(n) for n in nodes))
+        object.__setattr__(self, "reward_server_url", ",".join(rewards))
+
+    @property
+    def tool_server_nodes(self) -> tuple[tuple[str, ...], ...]:
+        """Each node's tool server: its workers' base URLs (one for a server of one process)."""
+        return tuple(tuple(node.split(",")) for node in self.tool_server_url.split(NODES))
 
     @property
     def tool_server_urls(self) -> tuple[str, ...]:
-        """The tool server's base URLs: one, or one per worker of the node's tool server."""
-        return tuple(self.tool_server_url.split(","))
+        """Every tool server worker's base URL, node after node."""
+        return tuple(url for node in self.tool_server_nodes for url in node)
+
+    @property
+    def reward_server_urls(self) -> tuple[str, ...]:
+        """The reward servers' base URLs: one, or one per node."""
+        return tuple(self.reward_server_url.split(","))
 
     def as_args(self) -> dict[str, Any]:
         """Every setting under its `args` name: the custom-config YAML slime loads, or the
@@ -154,25 +173,51 @@ def endpoint_base(key: str, url: str) -> str:
 def _check_url(key: str, url: object, where: str = "") -> None:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{key}: {where}expected an http(s) URL, got {url!r}")
+    if "," in url or NODES in url:
+        raise ConfigError(
+            f"{key}: {where}one URL each, without ',' or ';' (they separate workers and "
+            f"nodes), got {url!r}"
+        )
 
 
-def url_list(key: str, value: object) -> tuple[str, ...]:
+def url_list(key: str, value: object, where: str = "") -> tuple[str, ...]:
     """Base URLs from "URL", "URL,URL,..." or a list of URLs (what a YAML file may hold),
     each checked; a bad one is named with its position."""
     if isinstance(value, str) and "," not in value:
-        _check_url(key, value)
+        _check_url(key, value, where)
         return (value,)
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, list | tuple) or not items:
-        raise ConfigError(f"{key}: expected an http(s) URL or several, got {value!r}")
+        raise ConfigError(f"{key}: {where}expected an http(s) URL or several, got {value!r}")
     urls = []
     for position, item in enumerate(items, start=1):
         url = item.strip() if isinstance(item, str) else item
-        _check_url(key, url, f"URL {position} of {len(items)}: ")
+        _check_url(key, url, f"{where}URL {position} of {len(items)}: ")
         urls.append(url)
     if len(set(urls)) != len(urls):
         raise ConfigError(f"{key}: the same URL is listed twice in {value!r}")
     return tuple(urls)
+
+
+def node_lists(key: str, value: object) -> tuple[tuple[str, ...], ...]:
+    """Each node's workers' base URLs from the forms `url_list` reads (one node), "node;node"
+    with each node in the comma form, or a list of nodes, each a list or the comma form;
+    checked as `url_list` does, a bad node named with its position, no URL twice."""
+    items: Sequence[object]
+    if isinstance(value, str) and NODES in value:
+        items = value.split(NODES)
+    elif isinstance(value, list | tuple) and any(isinstance(i, list | tuple) for i in value):
+        items = value
+    else:
+        return (url_list(key, value),)
+    nodes = tuple(
+        url_list(key, item, f"node {position} of {len(items)}: ")
+        for position, item in enumerate(items, start=1)
+    )
+    every = [url for node in nodes for url in node]
+    if len(set(every)) != len(every):
+        raise ConfigError(f"{key}: the same URL is listed twice in {value!r}")
+    return nodes
 
 
 def rollout_args(settings: RolloutSettings, tokenizer: Any = None) -> Namespace:
@@ -197,13 +242,19 @@ def _value(args: Any, key: str, default: Any) -> Any:
 
 
 def _service_url(args: Any, key: str) -> Any:
-    """The setting with each URL's trailing endpoint taken off: one URL, a comma list or a
-    list (the tool server's workers); anything else is left for validation to name."""
-    value = _value(args, key, None)
+    """The setting with each URL's trailing endpoint taken off: one URL, a comma list, a list,
+    or nodes of those (`node_lists`); anything else is left for validation to name."""
+    return _endpoint_bases(key, _value(args, key, None))
+
+
+def _endpoint_bases(key: str, value: Any) -> Any:
     if isinstance(value, str):
-        return ",".join(endpoint_base(key, url.strip()) for url in value.split(","))
+        return NODES.join(
+            ",".join(endpoint_base(key, url.strip()) for url in node.split(","))
+            for node in value.split(NODES)
+        )
     if isinstance(value, list | tuple):
-        return [endpoint_base(key, url) if isinstance(url, str) else url for url in value]
+        return [_endpoint_bases(key, item) for item in value]
     return value
 
 

@@ -225,7 +225,7 @@ class NodeBootstrap:
             with self.phases.phase("join"):
                 self._join()
             if not self.backend.starts_early:
-                self.backend.before_training(self.attempt, urls)
+                self.backend.before_training(self.attempt)  # reads cluster.json
                 self._start_trainer(environment)
             self.shared.slow_down()
             code = self._wait_for_trainer()

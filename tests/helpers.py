@@ -251,7 +251,7 @@ def slime_world(root: Path) -> dict[str, Path]:
     image = root / "train.sif"
     image.write_bytes(b"sif")
     env = root / "keys.env"
-    env.write_text("SERPER_API_KEY=x\n")
+    env.write_text("SERPER_API_KEY=x\nDEEPDIVE_SERVICE_TOKEN=token-of-the-test-world\n")
     env.chmod(0o600)
     return {
         "model": model,

@@ -57,8 +57,9 @@ class Backend(Protocol):
         """What every node's Ray (so every actor) and the trainer need in their environment."""
         ...
 
-    def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:
-        """Node 0, every node ready: write what the trainer reads (`services`: node 0's URLs)."""
+    def before_training(self, attempt: AttemptFolder) -> None:
+        """Node 0, every node ready: write what the trainer reads (every node's URLs are in
+        the attempt's cluster.json)."""
         ...
 
     def command(self, attempt: AttemptFolder) -> list[str]:

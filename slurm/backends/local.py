@@ -68,7 +68,7 @@ class LocalBackend:
     def environment(self, node_ip: str) -> dict[str, str]:
         return {}
 
-    def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:
+    def before_training(self, attempt: AttemptFolder) -> None:
         return None  # the trainer reads cluster.json
 
     def working_directory(self) -> str | None:

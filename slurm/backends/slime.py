@@ -7,8 +7,12 @@ started with the backend's environment (the Python path to slime and Megatron-LM
 SLIME_HOST_IP, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: slime.socket_ifname or the interface
 that holds the node's address, slurm/network.py; the env file's secrets), and
 our rollout's keys with the service URLs reach `args` through the --custom-config-path YAML,
-which node 0 writes once every node is ready (its URLs are known then). A new attempt
-continues from the newest complete checkpoint in RUN/slime_checkpoints (--load).
+which node 0 writes into the attempt's folder once every node is ready: every node's URLs
+(every worker of every node's tool server, every node's reward server) from the attempt's
+cluster.json, so the rollout spreads GRPO groups over all the nodes' services
+(deepdive.routing). A requeued attempt's nodes serve on new addresses and ports: its own
+cluster.json and YAML say so. A new attempt continues from the newest complete checkpoint in
+RUN/slime_checkpoints (--load).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from typing import Any
 
 import yaml
 
+from deepdive.rollout_settings import NODES
 from services.exceptions import ConfigError
+from services.files import atomic_write_bytes
 from slurm.backends import ServiceSpec
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
-from slurm.run_folder import AttemptFolder, RunFolder
+from slurm.run_folder import AttemptFolder, RunFolder, read_json
 from slurm.slime_args import render, slime_arguments, slime_checkpoints
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
@@ -33,7 +39,7 @@ TRACKER = "latest_checkpointed_iteration.txt"  # Megatron writes it when a save 
 
 class SlimeBackend:
     name = "slime"
-    starts_early = False  # train.py reads the YAML (node 0's URLs) as it starts
+    starts_early = False  # train.py reads the YAML (every node's URLs) as it starts
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
@@ -76,10 +82,14 @@ class SlimeBackend:
             environment["NCCL_SOCKET_IFNAME"] = interface
         return environment
 
-    def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:
-        """The YAML slime loads onto `args`: our rollout's keys, node 0's service URLs."""
+    def before_training(self, attempt: AttemptFolder) -> None:
+        """The YAML slime loads onto `args`: our rollout's keys, every node's service URLs
+        (from the attempt's cluster.json)."""
+        services = cluster_services(attempt.cluster)
         command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, services)
-        (attempt.root / CUSTOM_CONFIG).write_text(yaml.safe_dump(command.custom_config))
+        atomic_write_bytes(
+            attempt.root / CUSTOM_CONFIG, yaml.safe_dump(command.custom_config).encode()
+        )
 
     def command(self, attempt: AttemptFolder) -> list[str]:
         python = self.config.container.python if self.config.container.image else sys.executable
@@ -104,10 +114,38 @@ class SlimeBackend:
 
     def describe(self, attempt: AttemptFolder) -> str:
         """What --dry-run prints: the grouped command line and the YAML."""
-        urls = {"tools": "http://NODE0:TOOLS_PORT", "reward": "http://NODE0:REWARD_PORT"}
+        nodes = range(self.config.slurm.nodes)
+        urls = {
+            "tools": ";".join(f"http://NODE{node}:TOOLS_PORT" for node in nodes),
+            "reward": ",".join(f"http://NODE{node}:REWARD_PORT" for node in nodes),
+        }
         command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls)
         train = str(Path(self.config.slime.slime_root) / "train.py")
         return (
             f"{render(command, train)}\n\n# {attempt.root / CUSTOM_CONFIG}\n"
             f"{yaml.safe_dump(command.custom_config)}"
         )
+
+
+def cluster_services(cluster: Path) -> dict[str, str]:
+    """Every node's service URLs from an attempt's cluster.json (slurm.bootstrap writes it
+    once every node is ready), in the rollout's spelling (deepdive.rollout_settings): each
+    node's tool server workers, nodes separated by ";", and the reward servers in that order
+    of nodes."""
+    note = read_json(cluster)
+    nodes = note.get("nodes") if isinstance(note, dict) else None
+    if not isinstance(nodes, list) or not nodes:
+        raise ConfigError(f"{cluster}: expected the job's nodes (a cluster note), got {note!r}")
+    for position, node in enumerate(nodes):
+        if not (
+            isinstance(node, dict)
+            and isinstance(node.get("tools"), str)
+            and isinstance(node.get("reward"), str)
+        ):
+            raise ConfigError(
+                f"{cluster}: node entry {position} lacks its tools and reward URLs: {node!r}"
+            )
+    return {
+        "tools": NODES.join(node["tools"] for node in nodes),
+        "reward": ",".join(node["reward"] for node in nodes),
+    }

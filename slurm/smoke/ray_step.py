@@ -48,7 +48,7 @@ class ProbeBackend:
     def environment(self, node_ip: str) -> dict[str, str]:
         return self.delegate.environment(node_ip)
 
-    def before_training(self, attempt: AttemptFolder, services: dict[str, str]) -> None:
+    def before_training(self, attempt: AttemptFolder) -> None:
         return None
 
     def command(self, attempt: AttemptFolder) -> list[str]:

@@ -198,3 +198,89 @@ def test_a_bad_url_in_the_list_is_named(given: object, message: str) -> None:
     with pytest.raises(ConfigError) as error:
         settings_from_args(make_args(deepdive_tool_server_url=given))
     assert error.value.message == f"deepdive_tool_server_url: {message}"
+
+
+NODE_0 = ("http://10.0.0.1:20010", "http://10.0.0.1:20011")
+NODE_1 = ("http://10.0.0.2:20010", "http://10.0.0.2:20011")
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ",".join(NODE_0) + ";" + ",".join(NODE_1),
+        " http://10.0.0.1:20010/tool, http://10.0.0.1:20011 ;http://10.0.0.2:20010,http://10.0.0.2:20011",
+        [list(NODE_0), list(NODE_1)],  # a YAML list of lists
+        [",".join(NODE_0), list(NODE_1)],  # nodes in the comma form and as lists
+    ],
+)
+def test_every_nodes_tool_server_workers_are_read_node_by_node(
+    given: object, tmp_path: Path
+) -> None:
+    settings = settings_from_args(
+        make_args(
+            deepdive_tool_server_url=given,
+            deepdive_reward_server_url=["http://10.0.0.1:20020", "http://10.0.0.2:20020/evaluate"],
+        )
+    )
+    assert settings.tool_server_nodes == (NODE_0, NODE_1)
+    assert settings.tool_server_urls == NODE_0 + NODE_1
+    assert settings.reward_server_urls == ("http://10.0.0.1:20020", "http://10.0.0.2:20020")
+    # one spelling, read back the same through slime's YAML
+    assert settings.as_args()["deepdive_tool_server_url"] == ",".join(NODE_0) + ";" + ",".join(
+        NODE_1
+    )
+    assert settings.as_args()["deepdive_reward_server_url"] == (
+        "http://10.0.0.1:20020,http://10.0.0.2:20020"
+    )
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(settings.as_args()))
+    assert settings_from_args(Namespace(**yaml.safe_load(path.read_text()))) == settings
+
+
+@pytest.mark.parametrize(
+    ("key", "given", "message"),
+    [
+        (
+            "tool_server_url",
+            "http://a:1;ftp://b:2",
+            "node 2 of 2: expected an http(s) URL, got 'ftp://b:2'",
+        ),
+        (
+            "tool_server_url",
+            [["http://a:1"], ["http://b:2", 3]],
+            "node 2 of 2: URL 2 of 2: expected an http(s) URL, got 3",
+        ),
+        ("tool_server_url", "http://a:1;", "node 2 of 2: expected an http(s) URL, got ''"),
+        (
+            "tool_server_url",
+            [["http://a:1"], []],
+            "node 2 of 2: expected an http(s) URL or several, got []",
+        ),
+        (
+            "tool_server_url",
+            "http://a:1,http://b:2;http://b:2",
+            "the same URL is listed twice in 'http://a:1,http://b:2;http://b:2'",
+        ),
+        (
+            "tool_server_url",
+            ["http://a:1,http://b:2", "http://c:3"],
+            "URL 1 of 2: one URL each, without ',' or ';' (they separate workers and nodes), "
+            "got 'http://a:1,http://b:2'",
+        ),
+        (
+            "reward_server_url",
+            "http://a:1;http://b:2",
+            "one URL each, without ',' or ';' (they separate workers and nodes), "
+            "got 'http://a:1;http://b:2'",
+        ),
+        (
+            "reward_server_url",
+            "http://a:1,ftp://b",
+            "URL 2 of 2: expected an http(s) URL, got 'ftp://b'",
+        ),
+    ],
+)
+def test_a_bad_node_is_named(key: str, given: object, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        settings_from_args(make_args(**{arg_name(key): given}))
+    assert error.value.message == f"{arg_name(key)}: {message}"

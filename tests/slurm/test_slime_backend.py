@@ -5,6 +5,7 @@ the pinned commits (scripts/slime_flags.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
 from slurm.backends.slime import SlimeBackend
 from slurm.preflight import missing_inputs, require_inputs
-from slurm.run_folder import RunFolder
+from slurm.run_folder import AttemptFolder, RunFolder
 from slurm.slime_args import presets, render, slime_arguments
 from slurm.slime_checks import check_slime, slime_flags
 from tests.helpers import DEEPDIVE, SLIME_RECIPE
@@ -110,6 +111,88 @@ def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str,
     assert settings.sglang_url == "http://10.0.0.1:30000"
     assert (settings.tool_server_url, settings.reward_server_url) == (urls["tools"], urls["reward"])
     assert (settings.max_turns, settings.on_malformed, settings.retries) == (64, "fail", 5)
+
+
+def cluster_note(attempt: AttemptFolder, nodes: list[tuple[list[str], str]]) -> None:
+    """An attempt's cluster.json as node 0's bootstrap writes it once every node is ready
+    (slurm/bootstrap.py, `_join`): each node's tool workers (comma-joined) and reward URL."""
+    attempt.root.mkdir(parents=True, exist_ok=True)
+    entries = [
+        {
+            "node": n,
+            "resource": f"deepdive_node_{n}",
+            "tools": ",".join(tools),
+            "reward": reward,
+            "tools_unseen": None,
+        }
+        for n, (tools, reward) in enumerate(nodes)
+    ]
+    attempt.cluster.write_text(
+        json.dumps({"attempt": attempt.root.name, "ray_address": "x:6379", "nodes": entries})
+    )
+
+
+def slime_reads(path: Path) -> Namespace:
+    """The YAML as slime puts it on args (slime/utils/arguments.py, lines 2013-2019: every key
+    of yaml.safe_load's mapping setattr()ed), with its router's address."""
+    args = Namespace(sglang_router_ip="10.0.0.1", sglang_router_port=30000)
+    for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+        setattr(args, key, value)
+    return args
+
+
+def test_the_yaml_carries_every_nodes_urls_and_each_attempt_its_own(
+    world: dict[str, Path],
+) -> None:
+    """Node 0 writes the YAML from the attempt's cluster note: every worker of every node's
+    tool server, every node's reward server. A requeued attempt serves on new addresses and
+    ports; its YAML (and the --custom-config-path its train.py is given) has them."""
+    backend = SlimeBackend(recipe(world))
+    run = RunFolder(world["root"] / "run")
+    first, requeued = run.attempt("7-0"), run.attempt("7-1")
+    cluster_note(
+        first,
+        [
+            (["http://10.0.0.1:20010", "http://10.0.0.1:20011"], "http://10.0.0.1:20020"),
+            (["http://10.0.0.2:20010", "http://10.0.0.2:20011"], "http://10.0.0.2:20020"),
+        ],
+    )
+    cluster_note(
+        requeued,
+        [
+            (["http://10.0.0.5:21010", "http://10.0.0.5:21011"], "http://10.0.0.5:21020"),
+            (["http://10.0.0.6:21010", "http://10.0.0.6:21011"], "http://10.0.0.6:21020"),
+        ],
+    )
+    backend.before_training(first)
+    backend.before_training(requeued)
+    settings = settings_from_args(slime_reads(first.root / "deepdive_rollout.yaml"))
+    assert settings.tool_server_nodes == (
+        ("http://10.0.0.1:20010", "http://10.0.0.1:20011"),
+        ("http://10.0.0.2:20010", "http://10.0.0.2:20011"),
+    )
+    assert settings.reward_server_urls == ("http://10.0.0.1:20020", "http://10.0.0.2:20020")
+    again = settings_from_args(slime_reads(requeued.root / "deepdive_rollout.yaml"))
+    assert again.tool_server_nodes == (
+        ("http://10.0.0.5:21010", "http://10.0.0.5:21011"),
+        ("http://10.0.0.6:21010", "http://10.0.0.6:21011"),
+    )
+    assert again.reward_server_urls == ("http://10.0.0.5:21020", "http://10.0.0.6:21020")
+    command = backend.command(requeued)
+    path = command[command.index("--custom-config-path") + 1]
+    assert path == str(requeued.root / "deepdive_rollout.yaml")
+
+
+def test_a_cluster_note_without_a_nodes_urls_is_named(world: dict[str, Path]) -> None:
+    backend = SlimeBackend(recipe(world))
+    attempt = RunFolder(world["root"] / "run").attempt("7-0")
+    cluster_note(attempt, [(["http://10.0.0.1:20010"], "http://10.0.0.1:20020")])
+    note = json.loads(attempt.cluster.read_text())
+    del note["nodes"][0]["reward"]
+    attempt.cluster.write_text(json.dumps(note))
+    with pytest.raises(ConfigError, match=r"cluster.json: node entry 0 lacks its tools and reward"):
+        backend.before_training(attempt)
+    assert not (attempt.root / "deepdive_rollout.yaml").exists()
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import tomli_w
 from services.cli import add_overrides_argument
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
-from slurm.config import ExperimentConfig, load_experiment, local_run_config
+from slurm.config import ExperimentConfig, check_image, load_experiment, local_run_config
 from slurm.run_folder import RunFolder, private_folder
 
 
@@ -43,6 +43,7 @@ def run_submit(args: argparse.Namespace) -> None:
     if args.nodes is not None:
         overrides.append(f"slurm.nodes={args.nodes}")
     config = load_experiment(args.config, overrides)
+    check_image(config, args.config)
     if config.run.backend == "slime":
         from slurm.slime_checks import check_slime
 
@@ -241,6 +242,7 @@ def run_convert_checkpoint(args: argparse.Namespace) -> None:
     from slurm.submit import sbatch_script
 
     config = load_experiment(args.config, args.overrides)
+    check_image(config, args.config)
     if config.run.backend != "slime":
         raise ConfigError(
             f"{args.config}: convert-checkpoint converts slime checkpoints (backend = slime)"

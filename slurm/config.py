@@ -91,7 +91,10 @@ class SlurmTable:
 @dataclass(frozen=True)
 class ContainerTable:
     """image: an Apptainer .sif every node can read; "" = no container, the job runs the
-    Python that submitted it (a virtual environment on shared storage)."""
+    Python that submitted it (a virtual environment on shared storage). That the image exists
+    is checked where the job is submitted (`check_image`), not when a config is loaded: the
+    trainer reads the run's config inside the image, where the image's own path is rarely
+    bound."""
 
     image: str = ""
     apptainer: str = "apptainer"
@@ -100,14 +103,16 @@ class ContainerTable:
     options: list[str] = field(default_factory=list)  # e.g. ["--containall"]
     python: str = "python3"
 
-    def __post_init__(self) -> None:
-        if self.image:
-            require(
-                Path(self.image).expanduser().is_file(),
-                "container.image",
-                "an Apptainer image file (.sif) that exists",
-                self.image,
-            )
+
+def check_image(config: ExperimentConfig, source: Path) -> None:
+    """Before submitting: the image (when there is one) is a file here, on the submitting host;
+    the error names the experiment file `source`."""
+    image = config.container.image
+    if image and not Path(image).is_file():
+        raise ConfigError(
+            f"{source}: container.image: expected an Apptainer image file (.sif) that exists, "
+            f"got {image!r}"
+        )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,9 +26,78 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.two_hosts.conftest import CONFIG, USER, TwoHosts, wait_until
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
+
+ENV = "DEEPDIVE_TWO_HOSTS"
+USER = "ci"  # uid 1000 on every host: Apptainer runs inside podman only as a non-root user
+CONFIG = "/src/configs/cluster-tiny.toml"  # the checkout, bound read-only on ctl
+HOST_NUMBERS = {"ctl": 10, "n1": 11, "n2": 12}  # each host's address in the cluster's /24
+
+
+@dataclass(frozen=True)
+class TwoHosts:
+    """The cluster scripts/two-hosts.sh brought up (its cluster.env, named by DEEPDIVE_TWO_HOSTS):
+    ctl (slurmctld, the login host), n1 and n2 (slurmd, Apptainer), podman containers. Without
+    it these tests skip, saying so; `make ci-two-hosts` (run by .ci/run) brings it up."""
+
+    prefix: str
+    net: str  # the /24's first three numbers
+    sif: str  # the CPU SIF, at the same path on every host
+    shared: Path  # the shared volume, as this host sees it (/shared in the containers)
+    logs: Path  # Slurm's logs, a folder per host
+
+    def address(self, host: str) -> str:
+        return f"{self.net}.{HOST_NUMBERS[host]}"
+
+    def run(
+        self, host: str, *command: str, user: str | None = None, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`command` on `host` (a container of the cluster), as root or `user`."""
+        who = ["--user", user, "--workdir", f"/home/{user}"] if user else []
+        return subprocess.run(
+            ["podman", "exec", "-i", *who, f"{self.prefix}-{host}", *command],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def slurm(self, *command: str) -> str:
+        result = self.run("ctl", *command, user=USER)
+        assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
+        return result.stdout
+
+    def in_queue(self, job_id: str) -> bool:
+        return bool(self.slurm("squeue", "-h", "-j", job_id, "-o", "%T").strip())
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        out = self.slurm("scontrol", "-o", "show", "job", job_id)
+        return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
+    def slurm_logs(self) -> str:
+        """Every host's Slurm log, for a failure's message."""
+        return "\n".join(
+            f"== {path}\n{path.read_text(errors='replace')[-3000:]}"
+            for path in sorted(self.logs.glob("*/*.log"))
+        )
+
+
+@pytest.fixture(scope="module")
+def cluster() -> TwoHosts:
+    path = os.environ.get(ENV)
+    if not path:
+        pytest.skip(f"no 2-host cluster: `make ci-two-hosts` brings one up ({ENV} unset)")
+    values = dict(line.split("=", 1) for line in Path(path).read_text().splitlines() if "=" in line)
+    return TwoHosts(
+        prefix=values["TWO_HOSTS_PREFIX"],
+        net=values["TWO_HOSTS_NET"],
+        sif=values["TWO_HOSTS_SIF"],
+        shared=Path(values["TWO_HOSTS_SHARED"]),
+        logs=Path(values["TWO_HOSTS_LOGS"]),
+    )
+
 
 # long enough that USR2 lands mid-training, also on a loaded machine (a step takes ~0.3 s here;
 # a checkpoint every 2 steps)
@@ -35,6 +105,13 @@ STEPS = 40
 SAMPLES_PER_NODE = 4  # cluster-tiny: 2 prompts x 4 samples a step, a group per node
 JOB_TIMEOUT_S = 600
 KEYS = "/shared/keys/two-hosts.env"
+
+
+def timed(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """tests.helpers.wait_until, and the seconds it took."""
+    started = time.monotonic()
+    wait_until(condition, timeout_s, what)
+    return time.monotonic() - started
 
 
 def say(text: str) -> None:
@@ -168,7 +245,7 @@ def preempt(
     step 2's checkpoint exists; then it should requeue, resume and finish."""
     job_id, run = submit(cluster, name, STEPS, binds, options)
     try:
-        took = wait_until(
+        took = timed(
             lambda: all(ready_note(run, node) for node in (0, 1)), 300, "both nodes to be ready"
         )
     except AssertionError:
@@ -178,11 +255,11 @@ def preempt(
     if while_ready is not None:
         while_ready(seen)
     checkpoints = run / "checkpoints"
-    took = wait_until(lambda: (checkpoints / "step-000002").is_dir(), 300, "a checkpoint at step 2")
+    took = timed(lambda: (checkpoints / "step-000002").is_dir(), 300, "a checkpoint at step 2")
     seen.usr2_at_step = len((run / "logs" / "metrics.jsonl").read_bytes().splitlines())
     cluster.slurm("scancel", "--signal=USR2", job_id)
     say(f"job {job_id}: USR2 at step {seen.usr2_at_step}, {took:.1f} s after both were ready")
-    took = wait_until(lambda: not cluster.in_queue(job_id), JOB_TIMEOUT_S, "the job to end")
+    took = timed(lambda: not cluster.in_queue(job_id), JOB_TIMEOUT_S, "the job to end")
     say(f"job {job_id}: left the queue {took:.1f} s after USR2")
     return seen
 
@@ -331,7 +408,7 @@ def killed(cluster: TwoHosts, keys: str) -> Killed:
     """A long cluster-tiny whose node 1 bootstrap is SIGKILLed once training has begun (not the
     failure drill: the process dies as a crashed or OOM-killed one would)."""
     job_id, run = submit(cluster, "killed", 400, options=[])  # the image mounted by squashfuse
-    took = wait_until(lambda: (run / "logs" / "metrics.jsonl").is_file(), 300, "training")
+    took = timed(lambda: (run / "logs" / "metrics.jsonl").is_file(), 300, "training")
     say(f"job {job_id}: training {took:.1f} s after submission")
     host = (ready_note(run, 1) or {})["host"]
     found = cluster.run(

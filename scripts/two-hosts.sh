@@ -60,7 +60,9 @@ images() {  # sets CPU_IMAGE, SIF_DIR, SIF_NAME, NODE_IMAGE, CTL_IMAGE
   debian_base
   local runner_image; runner_image=$(runner)
   stamp "images: the CPU image (cached by commit and lock)"
-  CPU_IMAGE=$(cpu localhost/debian-base:bookworm)
+  local base=localhost/debian-base:bookworm  # the base `ci` built it on (CI_BASE, as there)
+  [[ ${CI_BASE:-debootstrap} == pinned ]] && base="$CPU_BASE_TAG@$CPU_BASE_DIGEST"
+  CPU_IMAGE=$(cpu "$base")
   stamp "images: its SIF (cached by image id)"
   SIF_DIR=$CACHE/sif
   SIF_NAME=$(sif "$CPU_IMAGE" "$SIF_DIR")

@@ -190,14 +190,13 @@ keep_results() {  # the run folders (small: a tiny model) and Slurm's logs, for 
 }
 
 ci() {
+  trap 'keep_results; down >/dev/null' EXIT  # whatever fails, nothing of the cluster stays
   up
   set +e
   run_tests
   local code=$?
   set -e
-  keep_results
-  down >/dev/null
-  stamp "two hosts done: exit $code (results in $RESULTS/two-hosts)"
+  stamp "two hosts done: exit $code (results in $RESULTS/two-hosts after the cluster is down)"
   return "$code"
 }
 

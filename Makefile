@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container pin-images gpu-smoke lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container ci-two-hosts pin-images gpu-smoke lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -106,6 +106,12 @@ image:
 
 ci-container: setup
 	scripts/containers.sh ci
+
+# The cluster as users meet it: a 2-host Slurm of podman containers (slurmctld on ctl, slurmd on
+# n1 and n2, on a network and volume of its own), `deepdive submit` of cluster-tiny with every
+# task inside the CPU SIF; a USR2 requeue and a SIGKILLed node (scripts/two-hosts.sh, docs/cluster.md).
+ci-two-hosts: setup
+	scripts/two-hosts.sh ci
 
 pin-images:
 	scripts/containers.sh pin

@@ -21,7 +21,7 @@
 # run with the same lock, Containerfile and commit rebuilds nothing.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 # shellcheck source=../containers/pins.env
 source containers/pins.env
@@ -194,6 +194,9 @@ pin() {
   sed -i "s|^CPU_BASE_DIGEST=.*|CPU_BASE_DIGEST=$cpu|; s|^TRAIN_BASE_DIGEST=.*|TRAIN_BASE_DIGEST=$train|" containers/pins.env
   echo "pinned: $CPU_BASE_TAG@$cpu, $TRAIN_BASE_TAG@$train"
 }
+
+# sourced (scripts/two-hosts.sh): its functions only
+[[ ${BASH_SOURCE[0]} != "$0" ]] && return 0
 
 case "${1:-}" in
   context) cpu_context ;;

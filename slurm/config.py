@@ -91,7 +91,10 @@ class SlurmTable:
 @dataclass(frozen=True)
 class ContainerTable:
     """image: an Apptainer .sif every node can read; "" = no container, the job runs the
-    Python that submitted it (a virtual environment on shared storage)."""
+    Python that submitted it (a virtual environment on shared storage). That the image exists
+    is checked where the job is submitted (slurm/preflight.py), not when a config is loaded: the
+    trainer reads the run's config inside the image, where the image's own path is rarely
+    bound."""
 
     image: str = ""
     apptainer: str = "apptainer"

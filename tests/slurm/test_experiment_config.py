@@ -142,3 +142,10 @@ def test_services_for_other_nodes_need_the_token_named_in_the_env_file(
     require_inputs(config)
     local = load_experiment(write(tmp_path, '[services]\nhost = "127.0.0.1"\n'))
     require_inputs(local)
+
+
+def test_a_config_naming_an_image_loads_where_the_image_is_not(tmp_path: Path) -> None:
+    """The trainer reads the run's config.toml inside the image, where the image's own path is
+    not bound (the 2-host container test met it: every containerised local run failed so)."""
+    config = load_experiment(write(tmp_path, '[container]\nimage = "/nowhere/x.sif"\n'))
+    assert config.container.image == "/nowhere/x.sif"

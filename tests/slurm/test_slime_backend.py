@@ -347,4 +347,5 @@ def test_the_recipe_without_its_files_fails_before_anything_is_submitted(tmp_pat
         cwd=tmp_path,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "container.image" in result.stderr  # the first file the recipe names
+    # the first missing file loading checks (the image, on the submitting host, comes after)
+    assert "services.env_file" in result.stderr

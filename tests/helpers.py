@@ -3,6 +3,7 @@ the rollout's services and arguments. Fixtures stay in conftest.py; fakes live i
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -160,14 +161,25 @@ def tiny_job(folder: Path, steps: int = 4, *sets: str) -> list[str]:
 
 
 class FakeClock:
-    """A monotonic clock a test moves by hand (`clock.now += 5`): waiting and polling decisions
-    tested without waiting."""
+    """A `services.clock.Clock` a test moves by hand (`clock.now += 5`): waits, backoffs,
+    deadlines and time-to-live decisions tested without waiting. A sleep on it is recorded in
+    `sleeps` and moves the time on at once (an async one also lets the other tasks run)."""
 
-    def __init__(self) -> None:
-        self.now = 1000.0
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
 
     def __call__(self) -> float:
         return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
 
 
 def submitted_job_id(output: str) -> str:

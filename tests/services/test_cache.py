@@ -5,14 +5,7 @@ import pytest
 from services.cache import AsyncCache, CacheSettings
 from services.exceptions import DeadlineExceeded, UpstreamUnavailable
 from services.metrics import ServiceMetrics
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import FakeClock
 
 
 @pytest.mark.anyio
@@ -36,7 +29,7 @@ async def test_concurrent_identical_calls_collapse_into_one() -> None:
 
 @pytest.mark.anyio
 async def test_entries_expire_after_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(now=0.0)
     calls = 0
 
     async def compute() -> int:
@@ -66,7 +59,7 @@ async def test_size_bound_evicts_least_recently_used() -> None:
 
 @pytest.mark.anyio
 async def test_failures_are_cached_briefly_then_retried() -> None:
-    clock = Clock()
+    clock = FakeClock(now=0.0)
     calls = 0
 
     async def failing() -> str:

@@ -98,7 +98,7 @@ class RetryPolicy:
 
     def backoff_cap(self, retry_number: int) -> float:
         """The longest backoff before retry `retry_number` (1-based)."""
-        return min(self.max_delay_s, self.base_delay_s * 2 ** (retry_number - 1))
+        return min(self.max_delay_s, self.base_delay_s * 2.0 ** (retry_number - 1))
 
     def backoff(self, retry_number: int, draw: Callable[[], float] = random.random) -> float:
         """Full jitter: `draw()` (uniform in [0, 1)) of the cap."""

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pytest_httpserver import HTTPServer
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -68,6 +68,17 @@ DOCUMENTS = [
         "text": "The valley of Vorn is home to clockmakers.",
     },
 ]
+
+
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+Closable = TypeVar("Closable", bound=_Closable)
+class Closing(Protocol):
+    """The `closing` fixture (conftest.py): returns what it is given, closed after the test."""
+
+    def __call__(self, thing: Closable, /) -> Closable: ...
 
 
 @contextmanager

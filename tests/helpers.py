@@ -75,6 +75,8 @@ class _Closable(Protocol):
 
 
 Closable = TypeVar("Closable", bound=_Closable)
+
+
 class Closing(Protocol):
     """The `closing` fixture (conftest.py): returns what it is given, closed after the test."""
 

@@ -10,12 +10,10 @@ import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import uvicorn
 from pytest import approx
-from uvicorn.server import ServerState
 
 from services.serving.connections import ConnectionGuard, ConnectionLimits
-from services.serving.uvicorn_internals import LimitedHttpToolsProtocol, protocol_class
+from services.serving.uvicorn_internals import lone_protocol
 from tests.helpers import FakeClock
 
 SLOW_HEADERS = b"GET /hello HTTP/1.1\r\nHost: test\r\nX-Slow: " + b"a" * 100
@@ -110,16 +108,9 @@ class Connection:
         self.clock = FakeClock(now=0.0)
         self.loop = FakeLoop(self.clock)
         self.guard = ConnectionGuard(limits, clock=self.clock)
-        config = uvicorn.Config(app, log_config=None, lifespan="off")
-        protocol: LimitedHttpToolsProtocol = protocol_class(self.guard)(
-            config=config,
-            server_state=ServerState(),
-            app_state={},
-            _loop=self.loop,  # type: ignore[arg-type]
-        )
-        self.protocol = protocol
+        self.protocol = lone_protocol(self.guard, app, self.loop)  # type: ignore[arg-type]
         self.transport = FakeTransport(self.clock)
-        protocol.connection_made(self.transport)  # type: ignore[arg-type]
+        self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
 
     @property
     def cut_at(self) -> float | None:

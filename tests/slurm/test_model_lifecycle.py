@@ -176,6 +176,7 @@ def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -
     assert "pass@2" in result.stdout
 
 
+@pytest.mark.slow
 def test_eval_dry_run_names_each_checkpoint_how_it_is_served_and_the_services(
     trained: Path,
 ) -> None:

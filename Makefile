@@ -58,7 +58,8 @@ slurm-down:
 test: lint typecheck unit
 
 # The inner loop: lint and the tests that need no Slurm, no containers and no slow run (the
-# `slow` marker: whole jobs, whole local runs, memory and worker-process tests).
+# `slow` marker: whole jobs, whole local runs, memory and worker-process tests, anything over
+# ~10 s, end-to-end wall-clock bounds; docs/testing.md).
 test-fast: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -74,12 +74,15 @@ class HostileUpstream:
             await self._stop.wait()
             server.close()
             for writer in self._writers:
-                writer.close()
+                # abort, not close: a close waits for the write buffer to drain, and an endless
+                # reply's never does once the client stops reading
+                writer.transport.abort()
             tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await server.wait_closed()
+            await asyncio.sleep(0)  # the aborted sockets close on the loop's next pass
 
     def start(self) -> None:
         self._thread.start()

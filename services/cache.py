@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from cachetools import TLRUCache
 
+from services.clock import SYSTEM_CLOCK, Now
 from services.exceptions import DeadlineExceeded, ToolError
 from services.metrics import ServiceMetrics
 
@@ -79,7 +79,7 @@ class AsyncCache(Generic[V]):
         name: str,
         settings: CacheSettings,
         metrics: ServiceMetrics | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Now = SYSTEM_CLOCK,
         sizeof: Callable[[V], int] = sys.getsizeof,
     ) -> None:
         self.name = name

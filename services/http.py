@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from services.clock import SYSTEM_CLOCK, Clock
 from services.exceptions import (
     ConfigError,
     ServiceError,
@@ -95,9 +96,13 @@ class RetryPolicy:
     max_delay_s: float = 8.0
     max_retry_after_s: float = 30.0
 
-    def backoff(self, retry_number: int) -> float:
-        cap = min(self.max_delay_s, self.base_delay_s * 2 ** (retry_number - 1))
-        return random.uniform(0.0, cap)
+    def backoff_cap(self, retry_number: int) -> float:
+        """The longest backoff before retry `retry_number` (1-based)."""
+        return min(self.max_delay_s, self.base_delay_s * 2.0 ** (retry_number - 1))
+
+    def backoff(self, retry_number: int, draw: Callable[[], float] = random.random) -> float:
+        """Full jitter: `draw()` (uniform in [0, 1)) of the cap."""
+        return draw() * self.backoff_cap(retry_number)
 
 
 @dataclass(frozen=True)
@@ -170,8 +175,10 @@ class Upstream:
         metrics: ServiceMetrics | None = None,
         key_hint: str | None = None,
         classify_error: ErrorClassifier | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.name = name
+        self.clock = clock  # deadlines are instants on it; backoffs sleep on it
         self.classify_error = classify_error
         self.settings = settings
         self.metrics = metrics
@@ -266,8 +273,9 @@ class Upstream:
     ) -> UpstreamReply:
         """Send with retries; return a reply with status < 400 or raise an `UpstreamError`.
 
-        `url` is a path under `base_url`, or absolute. `deadline` is an absolute
-        `time.monotonic()` instant: no attempt and no backoff sleep extends past it. Keyword
+        `url` is a path under `base_url`, or absolute. `deadline` is an instant on the
+        upstream's clock (`time.monotonic()` unless one was given): no attempt and no backoff
+        sleep extends past it. Keyword
         arguments: `json` (sent with orjson), `content` (bytes), `params`, `headers`, and
         `sni_hostname` (the TLS server name when the URL's host is a pinned address).
         """
@@ -319,11 +327,11 @@ class Upstream:
                         self.name, f"{_detail(error)}; Retry-After {retry_after:.0f}s is too long"
                     )
                 delay = max(delay, retry_after)
-            if deadline is not None and time.monotonic() + delay >= deadline:
+            if deadline is not None and self.clock() + delay >= deadline:
                 raise type(error)(
                     self.name, f"{_detail(error)}; no time left to retry within the deadline"
                 )
-            await asyncio.sleep(delay)
+            await self.clock.async_sleep(delay)
 
     async def _attempt_plain(
         self,
@@ -358,7 +366,7 @@ class Upstream:
         read = self.settings.read_timeout_s
         if deadline is None:
             return read
-        return max(0.001, min(read, deadline - time.monotonic()))
+        return max(0.001, min(read, deadline - self.clock()))
 
     def _attempt_timeout(self, deadline: float | None) -> aiohttp.ClientTimeout:
         if deadline is None:

@@ -25,6 +25,8 @@ from urllib.parse import quote, quote_plus
 import orjson
 import yarl
 
+from services.clock import SYSTEM_CLOCK, Clock
+
 _MIN_SECRET_CHARS = 6
 _REDACTED = "***"
 _REDACTED_BYTES = b"***"
@@ -203,10 +205,17 @@ class BufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     its own); a WARNING or worse, a full buffer and logging's shutdown at exit write at once.
     """
 
-    def __init__(self, stream: Any, interval_s: float = 0.1, capacity: int = 512) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        interval_s: float = 0.1,
+        capacity: int = 512,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         super().__init__(stream)
         self._lines: list[str] = []
         self._interval_s = interval_s
+        self._clock = clock  # the flusher sleeps on it
         self._capacity = capacity
         self._flusher_pid: int | None = None
 
@@ -245,7 +254,7 @@ class BufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def _flush_every_interval(self) -> None:
         pid = os.getpid()
         while self._flusher_pid == pid:
-            time.sleep(self._interval_s)
+            self._clock.sleep(self._interval_s)
             self.flush()
 
 

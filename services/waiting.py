@@ -4,13 +4,15 @@ check on every round whether waiting still makes sense, and stop at a deadline."
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from services.clock import SYSTEM_CLOCK, Clock
 from services.exceptions import ServiceError
 
 T = TypeVar("T")
+
+BACKOFF_FACTOR = 1.5  # each round waits this much longer than the one before, up to the cap
 
 
 class WaitTimeout(ServiceError):
@@ -27,10 +29,12 @@ def wait_for(
     check: Callable[[], None] | None = None,
     first_delay_s: float = 0.01,
     max_delay_s: float = 0.25,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> T:
     """The first value of `probe()` that is neither None nor False. `check()` runs between
-    rounds and raises to give up early (a child that died, another node that failed)."""
-    deadline = time.monotonic() + timeout_s
+    rounds and raises to give up early (a child that died, another node that failed). No sleep
+    goes past the deadline: the last one is what is left of it."""
+    deadline = clock() + timeout_s
     delay = first_delay_s
     while True:
         value = probe()
@@ -38,8 +42,8 @@ def wait_for(
             return value
         if check is not None:
             check()
-        remaining = deadline - time.monotonic()
+        remaining = deadline - clock()
         if remaining <= 0:
             raise WaitTimeout(f"{what}: still waiting after {timeout_s:g} s")
-        time.sleep(min(delay, remaining))
-        delay = min(max_delay_s, delay * 1.5)
+        clock.sleep(min(delay, remaining))
+        delay = min(max_delay_s, delay * BACKOFF_FACTOR)

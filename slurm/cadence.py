@@ -10,8 +10,7 @@ its own children it still watches on every round, which costs no file system acc
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from services.clock import SYSTEM_CLOCK, Now
 
 START_POLL_S = 0.0  # while starting: whenever a wait's backoff says
 LONG_POLL_S = 5.0  # serving and training
@@ -20,9 +19,7 @@ LONG_POLL_S = 5.0  # serving and training
 class Cadence:
     """`due()` says whether it is time to look again (and starts the next interval)."""
 
-    def __init__(
-        self, interval_s: float = START_POLL_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, interval_s: float = START_POLL_S, clock: Now = SYSTEM_CLOCK) -> None:
         self.interval_s = interval_s
         self.clock = clock
         self._last: float | None = None

@@ -3,6 +3,7 @@ the rollout's services and arguments. Fixtures stay in conftest.py; fakes live i
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pytest_httpserver import HTTPServer
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -67,6 +68,19 @@ DOCUMENTS = [
         "text": "The valley of Vorn is home to clockmakers.",
     },
 ]
+
+
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+Closable = TypeVar("Closable", bound=_Closable)
+
+
+class Closing(Protocol):
+    """The `closing` fixture (conftest.py): returns what it is given, closed after the test."""
+
+    def __call__(self, thing: Closable, /) -> Closable: ...
 
 
 @contextmanager
@@ -160,14 +174,25 @@ def tiny_job(folder: Path, steps: int = 4, *sets: str) -> list[str]:
 
 
 class FakeClock:
-    """A monotonic clock a test moves by hand (`clock.now += 5`): waiting and polling decisions
-    tested without waiting."""
+    """A `services.clock.Clock` a test moves by hand (`clock.now += 5`): waits, backoffs,
+    deadlines and time-to-live decisions tested without waiting. A sleep on it is recorded in
+    `sleeps` and moves the time on at once (an async one also lets the other tasks run)."""
 
-    def __init__(self) -> None:
-        self.now = 1000.0
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
 
     def __call__(self) -> float:
         return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    async def async_sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
 
 
 def submitted_job_id(output: str) -> str:

@@ -28,12 +28,12 @@ from __future__ import annotations
 import logging
 import math
 import resource
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from services.clock import SYSTEM_CLOCK, Now
 from services.logs import log_event
 from services.typed_config import require
 
@@ -120,7 +120,7 @@ class BatchedReport:
         self,
         event: str,
         interval_s: float = REPORT_INTERVAL_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Now = SYSTEM_CLOCK,
     ) -> None:
         self.event = event
         self.interval_s = interval_s
@@ -159,9 +159,7 @@ class ConnectionGuard:
     client address holds its share already (`client_share`): one peer re-opening thousands of
     idle sockets takes at most its share, and everyone else still gets in."""
 
-    def __init__(
-        self, limits: ConnectionLimits, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, limits: ConnectionLimits, clock: Now = SYSTEM_CLOCK) -> None:
         self.limits = limits
         self.open_total = 0
         self.open_by_client: dict[str, int] = {}

@@ -18,12 +18,10 @@ a reply) before it is killed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.clock import Now
 from services.typed_config import positive, require
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ def _key(name: str) -> str:
 class RestartBudget:
     """Restarts over all of a supervisor's workers in the last `window_s`."""
 
-    def __init__(self, policy: SupervisionPolicy, clock: Clock) -> None:
+    def __init__(self, policy: SupervisionPolicy, clock: Now) -> None:
         self.policy = policy
         self.clock = clock
         self._times: deque[float] = deque()
@@ -97,7 +95,7 @@ class RestartBudget:
 class Liveness:
     """One worker's pings: when the next is due, and whether it counts as frozen."""
 
-    def __init__(self, policy: SupervisionPolicy, clock: Clock) -> None:
+    def __init__(self, policy: SupervisionPolicy, clock: Now) -> None:
         self.policy = policy
         self.clock = clock
         self.started_at = clock()

@@ -25,7 +25,9 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 import uvicorn
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from services.logs import flush_logs
 from services.serving.connections import ConnectionGuard, Phase
@@ -170,3 +172,12 @@ def protocol_class(guard: ConnectionGuard) -> type[LimitedHttpToolsProtocol]:
 
     ServerProtocol.guard = guard
     return ServerProtocol
+
+
+def lone_protocol(
+    guard: ConnectionGuard, app: ASGIApp, loop: asyncio.AbstractEventLoop
+) -> LimitedHttpToolsProtocol:
+    """One connection's protocol outside any server (a state of its own), on `loop`: how
+    tests/services/test_connection_timers.py runs the timeouts on a loop whose time it moves."""
+    config = uvicorn.Config(app, log_config=None, lifespan="off")
+    return protocol_class(guard)(config, ServerState(), {}, loop)

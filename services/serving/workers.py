@@ -40,16 +40,16 @@ import selectors
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from services.clock import SYSTEM_CLOCK, Now
 from services.exceptions import ConfigError, ServiceError
 from services.logs import flush_logs, log_event
 from services.process import child_preexec
 from services.serving.serve import BACKLOG, bind, url_host
-from services.serving.supervision import Clock, Liveness, RestartBudget, SupervisionPolicy
+from services.serving.supervision import Liveness, RestartBudget, SupervisionPolicy
 
 logger = logging.getLogger("deepdive.workers")
 
@@ -129,7 +129,7 @@ def supervise(
     serve_one: ServeOne,
     title: str,
     policy: SupervisionPolicy | None = None,
-    clock: Clock = time.monotonic,
+    clock: Now = SYSTEM_CLOCK,
 ) -> None:
     """Serve with one forked worker per socket (`serve_one(slot, sock)` in each) until
     SIGTERM or SIGINT, then end by that signal; a worker that dies or stops answering is
@@ -213,7 +213,7 @@ class _Supervisor:
         serve_one: ServeOne,
         title: str,
         policy: SupervisionPolicy,
-        clock: Clock,
+        clock: Now,
     ) -> None:
         self.sockets = list(sockets)
         self.urls = [socket_url(sock) for sock in sockets]

@@ -13,12 +13,11 @@ model's mistake). Only a replacement pays for that record.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachetools import TTLCache
 
+from services.clock import SYSTEM_CLOCK, Now
 from services.tool_server.models import SearchResult
 
 
@@ -32,7 +31,7 @@ class SessionStore:
     def __init__(
         self,
         settings: SessionSettings,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Now = SYSTEM_CLOCK,
         replacement: bool = False,
     ) -> None:
         self._sessions: TTLCache[str, tuple[SearchResult, ...]] = TTLCache(

@@ -370,6 +370,7 @@ def prompt_ids_for(engine: LocalEngine, messages: list[dict[str, str]]) -> list[
     return ids
 
 
+@pytest.mark.slow
 def test_serve_engine_command_serves_a_saved_model_behind_the_token(
     engine: LocalEngine, tmp_path: Path
 ) -> None:

@@ -83,6 +83,7 @@ async def test_one_odd_sample_never_zeroes_its_group(tools: str, config: dict[st
     await close_clients()
 
 
+@pytest.mark.slow
 def test_no_model_output_raises_out_of_the_hooks(tools: str) -> None:
     """Arbitrary Unicode turns, odd numbers, odd URLs and half-written calls: every episode ends
     with consistent arrays and a defined status, and its group gets a reward for each sample."""

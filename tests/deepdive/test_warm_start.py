@@ -146,6 +146,7 @@ def test_examples_are_renamed_afresh_at_the_rate_asked(
     assert 0.4 < renamed_share < 0.6
 
 
+@pytest.mark.slow
 def test_the_copy_warm_up_teaches_a_fresh_model_to_copy(tokenizer: Any) -> None:
     """After it, the model repeats a random sequence it has never seen."""
     torch.manual_seed(0)

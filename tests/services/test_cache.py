@@ -5,14 +5,7 @@ import pytest
 from services.cache import AsyncCache, CacheSettings
 from services.exceptions import DeadlineExceeded, UpstreamUnavailable
 from services.metrics import ServiceMetrics
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import FakeClock
 
 
 @pytest.mark.anyio
@@ -36,7 +29,7 @@ async def test_concurrent_identical_calls_collapse_into_one() -> None:
 
 @pytest.mark.anyio
 async def test_entries_expire_after_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(now=0.0)
     calls = 0
 
     async def compute() -> int:
@@ -66,7 +59,7 @@ async def test_size_bound_evicts_least_recently_used() -> None:
 
 @pytest.mark.anyio
 async def test_failures_are_cached_briefly_then_retried() -> None:
-    clock = Clock()
+    clock = FakeClock(now=0.0)
     calls = 0
 
     async def failing() -> str:
@@ -109,15 +102,23 @@ async def test_deadline_failures_are_not_cached() -> None:
 
 @pytest.mark.anyio
 async def test_a_cancelled_waiter_does_not_cancel_the_shared_call() -> None:
+    """The call is held until the first waiter is cancelled (not for 50 ms of real time, which
+    a loaded machine could spend before the cancel, leaving nothing to test)."""
+    started, finish = asyncio.Event(), asyncio.Event()
+
     async def compute() -> str:
-        await asyncio.sleep(0.05)
+        started.set()
+        await finish.wait()
         return "done"
 
     cache: AsyncCache[str] = AsyncCache("t", CacheSettings())
     impatient = asyncio.ensure_future(cache.get_or_compute("k", compute))
     patient = asyncio.ensure_future(cache.get_or_compute("k", compute))
-    await asyncio.sleep(0.01)
+    await started.wait()
     impatient.cancel()
+    await asyncio.sleep(0)  # the cancellation is delivered while the call is in flight
+    assert impatient.cancelled()
+    finish.set()
     assert await patient == ("done", "shared")
     assert await cache.get_or_compute("k", compute) == ("done", "hit")
 

@@ -84,6 +84,7 @@ def check_tool_reply(response: httpx.Response) -> None:
         assert payload["error"]["code"] and payload["error"]["message"]
 
 
+@pytest.mark.slow
 def test_no_malformed_request_gets_a_500(corpus_file: Path, tmp_path: Path) -> None:
     config = ToolServerConfig(
         corpus=corpus_file,
@@ -127,6 +128,7 @@ def hostile_site() -> Iterator[str]:
         yield base
 
 
+@pytest.mark.slow
 def test_the_direct_reader_answers_every_url_and_redirect(
     corpus_file: Path, tmp_path: Path, hostile_site: str
 ) -> None:
@@ -178,6 +180,7 @@ evaluation_items = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 def test_the_reward_server_never_answers_500() -> None:
     """/evaluate and /evaluate/batch on hostile trajectories and arbitrary fields: a 200 with a
     reward for every item, or a 4xx naming the field; never a 500, never a lost item."""

@@ -125,7 +125,10 @@ async def test_a_head_without_end_is_refused_not_read_until_the_deadline(
             await up.aclose()
         written = upstream.endless_bytes
     assert "timed out" not in refused.value.message
-    assert written < 64 * MAX_HEAD_BYTES, written
+    # What the upstream wrote before the client hung up: on a loaded machine the writer runs
+    # on while the refusal waits for a CPU (4.3 MB was seen); a client that read on until the
+    # deadline would take gigabytes, so 64 MB is still far under a third of the failure mode.
+    assert written < 1024 * MAX_HEAD_BYTES, written
 
 
 def test_a_header_that_would_split_the_request_is_refused_naming_it_not_its_value() -> None:

@@ -21,6 +21,7 @@ import pytest
 from services.exceptions import UpstreamBadResponse, UpstreamUnavailable
 from services.http import RetryPolicy, Upstream, UpstreamSettings
 from services.plain_http import PlainHttpError, _Connection
+from tests.helpers import Closing
 
 
 def free_port() -> int:
@@ -78,14 +79,25 @@ async def server(handler: Handler) -> AsyncIterator[str]:
         await asyncio.sleep(0.01)  # the handlers see their connections end
 
 
-def client(base: str, **settings: object) -> Upstream:
-    options: dict[str, object] = {"plain_http": True, "retry": ONCE, "read_timeout_s": 5.0}
-    options.update(settings)
-    return Upstream("svc", UpstreamSettings(base, **options))  # type: ignore[arg-type]
+MakeClient = Callable[..., Upstream]
+
+
+@pytest.fixture
+async def client(closing: Closing) -> AsyncIterator[MakeClient]:
+    """Makes lean-client upstreams of a base URL (settings overridden by keyword), each closed
+    after the test, whatever it asserted."""
+
+    def make(base: str, headers: dict[str, str] | None = None, **settings: object) -> Upstream:
+        options: dict[str, object] = {"plain_http": True, "retry": ONCE, "read_timeout_s": 5.0}
+        options.update(settings)
+        settings_ = UpstreamSettings(base, **options)  # type: ignore[arg-type]
+        return closing(Upstream("svc", settings_, headers=headers))
+
+    yield make
 
 
 @pytest.mark.anyio
-async def test_requests_reuse_one_connection_and_carry_body_and_headers() -> None:
+async def test_requests_reuse_one_connection_and_carry_body_and_headers(client: MakeClient) -> None:
     connections = 0
     seen: list[tuple[bytes, bytes]] = []
 
@@ -98,17 +110,12 @@ async def test_requests_reuse_one_connection_and_carry_body_and_headers() -> Non
         writer.close()
 
     async with server(handler) as base:
-        up = Upstream(
-            "svc",
-            UpstreamSettings(base + "/api", plain_http=True, retry=ONCE),
-            headers={"Authorization": "Bearer t"},
-        )
+        up = client(base + "/api", headers={"Authorization": "Bearer t"})
         for k in range(5):
             answer = await up.send("POST", "/echo", json={"k": k}, headers={"X-Key": "s"})
             assert orjson.loads(answer.content) == {"k": k}
             assert answer.headers["content-type"].startswith("application/json")
             assert answer.charset == "utf-8"
-        await up.aclose()
     assert connections == 1
     head = seen[0][0]
     assert head.startswith(b"POST /api/echo HTTP/1.1\r\n")
@@ -117,7 +124,9 @@ async def test_requests_reuse_one_connection_and_carry_body_and_headers() -> Non
 
 
 @pytest.mark.anyio
-async def test_an_idle_connection_the_server_closed_is_replaced_without_a_retry() -> None:
+async def test_an_idle_connection_the_server_closed_is_replaced_without_a_retry(
+    client: MakeClient,
+) -> None:
     """The server answers and closes without saying so (its keep-alive ran out): the next
     request finds the connection dead before any reply byte, so it goes on a new one, with no
     retry spent (the policy allows one attempt)."""
@@ -136,12 +145,13 @@ async def test_an_idle_connection_the_server_closed_is_replaced_without_a_retry(
         for _ in range(3):
             assert (await up.send("POST", "/x", json={})).status_code == 200
             await asyncio.sleep(0.05)  # the close reaches us, or is found on the next write
-        await up.aclose()
     assert connections == 3
 
 
 @pytest.mark.anyio
-async def test_a_connection_the_server_closes_is_freed_at_once_not_by_the_collector() -> None:
+async def test_a_connection_the_server_closes_is_freed_at_once_not_by_the_collector(
+    client: MakeClient,
+) -> None:
     """A server that closes every connection (Connection: close) must not leave a cycle per
     request (the parser calls back into its connection) holding that request's reply until the
     collector's next pass: with a service's larger GC thresholds that was 170-310 MB more at
@@ -169,7 +179,6 @@ async def test_a_connection_the_server_closes_is_freed_at_once_not_by_the_collec
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
-        await up.aclose()
     assert ours == []
 
 
@@ -193,7 +202,7 @@ async def test_a_request_on_a_connection_already_lost_fails_as_a_closed_connecti
 
 
 @pytest.mark.anyio
-async def test_a_body_that_ends_with_the_connection_is_read_whole() -> None:
+async def test_a_body_that_ends_with_the_connection_is_read_whole(client: MakeClient) -> None:
     """No Content-Length and no chunks: the body runs until the server closes (RFC 9112 6.3),
     as HTTP/1.0-style servers and some proxies answer. A reply cut short of its stated length
     still fails (test_broken_replies_are_transport_failures_in_plain_words)."""
@@ -214,11 +223,10 @@ async def test_a_body_that_ends_with_the_connection_is_read_whole() -> None:
         up = client(base)
         for _ in range(2):  # and the next call opens a new connection
             assert orjson.loads((await up.send("GET", "/eof")).content) == {"until": "close"}
-        await up.aclose()
 
 
 @pytest.mark.anyio
-async def test_a_chunked_body_is_joined() -> None:
+async def test_a_chunked_body_is_joined(client: MakeClient) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(
@@ -230,11 +238,10 @@ async def test_a_chunked_body_is_joined() -> None:
     async with server(handler) as base:
         up = client(base)
         assert orjson.loads((await up.send("GET", "/c")).content) == {"a": 1}
-        await up.aclose()
 
 
 @pytest.mark.anyio
-async def test_a_body_over_the_cap_is_refused() -> None:
+async def test_a_body_over_the_cap_is_refused(client: MakeClient) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(reply(b"x" * 5000))
@@ -244,7 +251,6 @@ async def test_a_body_over_the_cap_is_refused() -> None:
         up = client(base, max_response_bytes=1000)
         with pytest.raises(UpstreamBadResponse, match="larger than 1000 bytes"):
             await up.send("GET", "/big")
-        await up.aclose()
 
 
 @pytest.mark.parametrize(
@@ -257,7 +263,7 @@ async def test_a_body_over_the_cap_is_refused() -> None:
 )
 @pytest.mark.anyio
 async def test_broken_replies_are_transport_failures_in_plain_words(
-    answer: bytes, words: str
+    answer: bytes, words: str, client: MakeClient
 ) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
@@ -269,32 +275,40 @@ async def test_broken_replies_are_transport_failures_in_plain_words(
         up = client(base)
         with pytest.raises(UpstreamUnavailable, match=words):
             await up.send("POST", "/x", json={})
-        await up.aclose()
 
 
 @pytest.mark.anyio
-async def test_a_refused_connection_and_a_deadline() -> None:
+async def test_a_refused_connection(client: MakeClient) -> None:
     up = client(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(UpstreamUnavailable, match="could not connect"):
         await up.send("GET", "/x")
-    await up.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_silent_server_is_cut_at_the_deadline(client: MakeClient) -> None:
+    """End to end on the real clock: a server that answers only after the test cannot cut the
+    call; without the deadline the read timeout (30 s) would, so the bound is a third."""
+    release = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        await asyncio.sleep(5)
+        await release.wait()
         writer.close()
 
     async with server(silent) as base:
-        up = client(base)
+        up = client(base, read_timeout_s=30.0)
         started = time.monotonic()
-        with pytest.raises(UpstreamUnavailable, match="timed out"):
-            await up.send("GET", "/x", deadline=time.monotonic() + 0.3)
-        assert time.monotonic() - started < 2
-        await up.aclose()
+        try:
+            with pytest.raises(UpstreamUnavailable, match="timed out"):
+                await up.send("GET", "/x", deadline=time.monotonic() + 0.3)
+            assert time.monotonic() - started < 10
+        finally:
+            release.set()
 
 
 @pytest.mark.anyio
-async def test_absolute_urls_and_query_parameters_stay_with_aiohttp() -> None:
+async def test_absolute_urls_and_query_parameters_stay_with_aiohttp(client: MakeClient) -> None:
     """What the lean client does not take (an absolute URL, query parameters) goes through
     aiohttp, which answers the same way; plain_http=False sends everything there."""
     connections = 0
@@ -312,16 +326,14 @@ async def test_absolute_urls_and_query_parameters_stay_with_aiohttp() -> None:
         with_params = await up.send("GET", "/q", params={"a": "1"})
         relative = await up.send("GET", "/rel")
         assert absolute.content == with_params.content == relative.content == b'{"ok": true}'
-        await up.aclose()
         assert connections == 2  # one aiohttp connection, one of the lean client
         never = client(base, plain_http=False)
         assert never._plain is None
         assert (await never.send("GET", "/rel")).content == b'{"ok": true}'
-        await never.aclose()
 
 
 @pytest.mark.anyio
-async def test_a_compressed_reply_is_refused() -> None:
+async def test_a_compressed_reply_is_refused(client: MakeClient) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(reply(b"\x1f\x8b", extra=b"Content-Encoding: gzip\r\n"))
@@ -331,7 +343,6 @@ async def test_a_compressed_reply_is_refused() -> None:
         up = client(base)
         with pytest.raises(UpstreamUnavailable, match="compressed response"):
             await up.send("GET", "/z")
-        await up.aclose()
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +363,9 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
 
 
 @pytest.mark.anyio
-async def test_tls_certificates_are_verified(self_signed: ssl.SSLContext) -> None:
+async def test_tls_certificates_are_verified(
+    self_signed: ssl.SSLContext, client: MakeClient
+) -> None:
     """An https upstream never goes through the lean client, even where its settings ask for
     it: aiohttp verifies the certificate, and one no CA signed is refused in plain words."""
 
@@ -362,11 +375,9 @@ async def test_tls_certificates_are_verified(self_signed: ssl.SSLContext) -> Non
         writer.close()
 
     listening = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=self_signed)
-    port = listening.sockets[0].getsockname()[1]
-    up = client(f"https://127.0.0.1:{port}")
-    assert up._plain is None
-    with pytest.raises(UpstreamUnavailable, match="TLS certificate was refused"):
-        await up.send("GET", "/x")
-    await up.aclose()
-    listening.close()
-    await listening.wait_closed()
+    async with listening:
+        port = listening.sockets[0].getsockname()[1]
+        up = client(f"https://127.0.0.1:{port}")
+        assert up._plain is None
+        with pytest.raises(UpstreamUnavailable, match="TLS certificate was refused"):
+            await up.send("GET", "/x")

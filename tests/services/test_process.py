@@ -3,7 +3,6 @@ job start them, and what a job's signals do to them."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import time
@@ -14,6 +13,7 @@ import pytest
 from services.process import ServiceProcess, ServiceStartError
 from services.secrets import TOKEN_ENV
 from services.waiting import WaitTimeout, wait_for
+from tests.helpers import FakeClock
 
 
 def reward_server(
@@ -51,23 +51,35 @@ def test_a_service_that_cannot_start_says_why(tmp_path: Path) -> None:
     assert "--no-such-option" in error.value.message  # the end of its log
 
 
-def test_waiting_polls_with_backoff_checks_and_stops_at_the_deadline() -> None:
-    calls: list[float] = []
+def test_waiting_backs_off_from_10_ms_by_half_each_round() -> None:
+    """A fast event is seen fast (the first pause is 10 ms), then each pause is 1.5 times the
+    one before: on a clock the test owns, so the pauses are exact, not timed."""
+    clock = FakeClock()
+    rounds: list[float] = []
 
     def probe() -> str | None:
-        calls.append(time.monotonic())
-        return "here" if len(calls) == 4 else None
+        rounds.append(clock())
+        return "here" if len(rounds) == 4 else None
 
-    assert wait_for(probe, timeout_s=5, what="x") == "here"
-    gaps = [b - a for a, b in itertools.pairwise(calls)]
-    assert gaps == sorted(gaps) and gaps[0] < 0.05  # a fast event is seen fast
+    assert wait_for(probe, timeout_s=5, what="x", clock=clock) == "here"
+    assert clock.sleeps == pytest.approx([0.01, 0.015, 0.0225])
+    assert rounds == pytest.approx([1000.0, 1000.01, 1000.025, 1000.0475])
 
+
+def test_waiting_stops_at_the_deadline_after_pauses_of_at_most_a_quarter_second() -> None:
+    clock = FakeClock()
+    with pytest.raises(WaitTimeout, match=r"^nothing: still waiting after 2 s$"):
+        wait_for(lambda: False, timeout_s=2, what="nothing", clock=clock)
+    assert clock.now == pytest.approx(1002.0)  # not a pause past the deadline
+    assert max(clock.sleeps) == 0.25 and clock.sleeps.count(0.25) > 4  # the cap, then held
+    assert clock.sleeps[-1] < 0.25  # the last pause: what was left of the deadline
+
+
+def test_waiting_gives_up_at_once_when_the_check_says_so() -> None:
     def fail() -> None:
         raise RuntimeError("the child died")
 
+    clock = FakeClock()
     with pytest.raises(RuntimeError, match="the child died"):
-        wait_for(lambda: None, timeout_s=5, what="x", check=fail)
-    started = time.monotonic()
-    with pytest.raises(WaitTimeout, match=r"nothing: still waiting after 0\.3 s"):
-        wait_for(lambda: False, timeout_s=0.3, what="nothing")
-    assert time.monotonic() - started < 1.0
+        wait_for(lambda: None, timeout_s=5, what="x", check=fail, clock=clock)
+    assert clock.sleeps == []

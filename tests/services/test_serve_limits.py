@@ -1,6 +1,10 @@
 """Slow clients and connection floods against a real uvicorn on loopback, over raw sockets: a
 client that trickles its headers or body is cut off, app time is never counted, the connection
-cap closes the extra sockets at once; and the start-up line brackets an IPv6 host."""
+cap closes the extra sockets at once; and the start-up line brackets an IPv6 host.
+
+When exactly a slow client is cut off is decided on a fake loop (test_connection_timers.py).
+Here, on the real clock of a shared machine, a cut-off is awaited up to GIVE_UP_S (the failure
+mode: never cut) and bounded by a third of that; those tests are marked slow."""
 
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ from slurm.cli import build_parser, main
 
 Address = tuple[str, int]
 
-SLACK_S = 1.0  # a loaded 2-core machine may fire a timer late, never early
+GIVE_UP_S = 30.0  # a slow client still connected after this was never going to be cut off
+BOUND_S = GIVE_UP_S / 3  # the latest a cut-off may come; a timer fires late, never early
 TRICKLE_S = 0.3  # one byte per this many seconds: a slowloris client
 SLOW_HEADERS = b"GET /hello HTTP/1.1\r\nHost: test\r\nX-Slow: " + b"a" * 100
 
@@ -158,20 +163,25 @@ def log_lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(event + " ")]
 
 
+def cut_off_in_time(elapsed: float | None, timeout_s: float, what: str) -> None:
+    assert elapsed is not None, f"a client trickling its {what} was never cut off"
+    assert 0.95 * timeout_s <= elapsed <= BOUND_S, elapsed
+
+
 @pytest.fixture
 def connection_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.INFO, logger="services.serving.connections")
     return caplog
 
 
+@pytest.mark.slow
 def test_slowloris_headers_are_cut_off_at_the_header_timeout(
     connection_logs: pytest.LogCaptureFixture,
 ) -> None:
-    limits = ConnectionLimits(header_timeout=1.0, body_timeout=10.0)
+    limits = ConnectionLimits(header_timeout=1.0, body_timeout=60.0)
     with running(limits) as address, ExitStack() as stack:
-        elapsed = seconds_until_closed(connect(stack, address), SLOW_HEADERS, 1.0 + 2 * SLACK_S)
-        assert elapsed is not None, "a client trickling its headers was never cut off"
-        assert 0.95 <= elapsed <= 1.0 + SLACK_S
+        elapsed = seconds_until_closed(connect(stack, address), SLOW_HEADERS, GIVE_UP_S)
+        cut_off_in_time(elapsed, 1.0, "headers")
         assert get(connect(stack, address)) == (200, b"hi")  # a normal client is unaffected
     [line] = log_lines(connection_logs, "slow_clients_closed")
     assert "headers=1 " in line and "body=" not in line
@@ -179,6 +189,7 @@ def test_slowloris_headers_are_cut_off_at_the_header_timeout(
     assert line.endswith("last_client=127.0.0.1")
 
 
+@pytest.mark.slow
 def test_slow_body_is_cut_off_at_the_body_timeout(
     connection_logs: pytest.LogCaptureFixture,
 ) -> None:
@@ -187,9 +198,8 @@ def test_slow_body_is_cut_off_at_the_body_timeout(
     with running(limits) as address, ExitStack() as stack:
         sock = connect(stack, address)
         sock.sendall(headers)
-        elapsed = seconds_until_closed(sock, b"x" * 1000, 1.0 + 2 * SLACK_S)
-        assert elapsed is not None, "a client trickling its body was never cut off"
-        assert 0.95 <= elapsed <= 1.0 + SLACK_S
+        elapsed = seconds_until_closed(sock, b"x" * 1000, GIVE_UP_S)
+        cut_off_in_time(elapsed, 1.0, "body")
         fast = connect(stack, address)
         fast.sendall(headers + b"x" * 1000)
         assert read_response(fast) == (200, b"1000")
@@ -215,6 +225,7 @@ def test_app_time_is_not_counted_against_the_client() -> None:
 PIPELINED = b"POST /echo HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n\r\n" + b"x" * 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("split", "pause_s"),
     [
@@ -227,9 +238,11 @@ def test_a_pipelined_request_waiting_for_its_turn_is_not_timed_out(
 ) -> None:
     """While the first request is served, the second one's time is the server's: its headers
     may wait (pause past the header timeout), and uvicorn stops reading its body (the bytes sit
-    unread past the body timeout). The timer starts over instead of closing the connection."""
+    unread past the body timeout). The timer starts over instead of closing the connection.
+    The first request naps 3 s: a pause that a loaded machine stretches by up to 2.5 s still
+    ends while it is served (decided to the tick in test_connection_timers.py)."""
     limits = ConnectionLimits(header_timeout=0.5, body_timeout=0.5)
-    first = b"GET /nap?seconds=1.2 HTTP/1.1\r\nHost: test\r\n\r\n"
+    first = b"GET /nap?seconds=3 HTTP/1.1\r\nHost: test\r\n\r\n"
     with running(limits) as address, ExitStack() as stack:
         sock = connect(stack, address)
         sock.sendall(first + PIPELINED[:split])
@@ -251,6 +264,7 @@ def test_keep_alive_connection_serves_requests_in_a_row() -> None:
         assert get(sock) == (200, b"hi")
 
 
+@pytest.mark.slow
 def test_trickle_after_a_served_request_is_cut_off() -> None:
     """Blank lines between requests start no message in llhttp: a client must not keep a
     keep-alive connection open by trickling them (each byte also resets uvicorn's keep-alive)."""
@@ -258,23 +272,25 @@ def test_trickle_after_a_served_request_is_cut_off() -> None:
     with running(limits) as address, ExitStack() as stack:
         sock = connect(stack, address)
         assert get(sock) == (200, b"hi")
-        elapsed = seconds_until_closed(sock, b"\r\n" * 10 + SLOW_HEADERS, 0.6 + 2 * SLACK_S)
-        assert elapsed is not None, "a keep-alive connection trickling bytes was never cut off"
-        assert 0.55 <= elapsed <= 0.6 + SLACK_S
+        elapsed = seconds_until_closed(sock, b"\r\n" * 10 + SLOW_HEADERS, GIVE_UP_S)
+        cut_off_in_time(elapsed, 0.6, "blank lines on a keep-alive connection")
 
 
 def test_connections_past_the_cap_are_closed_at_once(
     connection_logs: pytest.LogCaptureFixture,
 ) -> None:
     cap = 3
-    limits = ConnectionLimits(max_connections=cap, max_connections_per_client=cap)
+    # an admitted socket left alone would be closed at the header timeout: far past the wait
+    limits = ConnectionLimits(
+        header_timeout=GIVE_UP_S, max_connections=cap, max_connections_per_client=cap
+    )
     with running(limits) as address, ExitStack() as stack:
         admitted = [connect(stack, address) for _ in range(cap)]
         for sock in admitted:  # answered: the server has counted each of them
             assert get(sock) == (200, b"hi")
         extra = [connect(stack, address) for _ in range(2)]
         for sock in extra:
-            assert closed_at_once(sock, within_s=SLACK_S)
+            assert closed_at_once(sock, within_s=BOUND_S)
         for sock in admitted:
             assert get(sock) == (200, b"hi")
         for sock in admitted[:2]:
@@ -289,7 +305,7 @@ def test_connections_past_the_cap_are_closed_at_once(
 
 def served_on_a_new_connection(stack: ExitStack, address: Address) -> bool:
     """A request on a fresh connection, retried while the server catches up with the closes."""
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
         sock = connect(stack, address)
         try:
@@ -381,6 +397,7 @@ SERVE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_serve_applies_the_limits_too() -> None:
     """`serve()` (the CLI servers) as well as `start_server_thread()`: a real process."""
     process = subprocess.Popen(
@@ -394,8 +411,8 @@ def test_serve_applies_the_limits_too() -> None:
         port = int(process.stdout.readline())
         with ExitStack() as stack:
             sock = connect_when_listening(stack, ("127.0.0.1", port))
-            elapsed = seconds_until_closed(sock, SLOW_HEADERS, 0.5 + 2 * SLACK_S)
-            assert elapsed is not None and elapsed <= 0.5 + SLACK_S
+            elapsed = seconds_until_closed(sock, SLOW_HEADERS, GIVE_UP_S)
+            cut_off_in_time(elapsed, 0.5, "headers")
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=20)

@@ -2,20 +2,13 @@ from deepdive.protocol import NO_RESULTS, format_page, format_results, split_pag
 from services.tool_server.models import Page, SearchResult
 from services.tool_server.sessions import SessionSettings, SessionStore
 from services.tool_server.urls import normalize_url
-
-
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.helpers import FakeClock
 
 RESULT = (SearchResult("t", "https://x.example/", "s"),)
 
 
 def test_sessions_expire_after_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(now=0.0)
     store = SessionStore(SessionSettings(max_sessions=10, ttl_s=60), clock=clock)
     store.remember_results("a", RESULT)
     clock.now = 59

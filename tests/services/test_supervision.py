@@ -8,18 +8,11 @@ import pytest
 
 from services.exceptions import ConfigError
 from services.serving.supervision import Liveness, RestartBudget, SupervisionPolicy
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import FakeClock
 
 
 def test_restarts_back_off_and_run_out_within_a_minute() -> None:
-    clock = Clock()
+    clock = FakeClock()
     budget = RestartBudget(SupervisionPolicy(max_restarts=3), clock)
     waits = []
     for _ in range(3):
@@ -34,7 +27,7 @@ def test_restarts_back_off_and_run_out_within_a_minute() -> None:
 
 
 def test_the_backoff_is_capped() -> None:
-    clock = Clock()
+    clock = FakeClock()
     budget = RestartBudget(SupervisionPolicy(max_restarts=100, max_backoff_s=10.0), clock)
     for _ in range(10):
         budget.record()
@@ -42,11 +35,11 @@ def test_the_backoff_is_capped() -> None:
 
 
 def test_no_restart_at_all_when_the_bound_is_zero() -> None:
-    assert not RestartBudget(SupervisionPolicy(max_restarts=0), Clock()).allows_another()
+    assert not RestartBudget(SupervisionPolicy(max_restarts=0), FakeClock()).allows_another()
 
 
 def test_a_worker_that_is_up_and_misses_pings_in_a_row_is_frozen() -> None:
-    clock = Clock()
+    clock = FakeClock()
     live = Liveness(SupervisionPolicy(ping_interval_s=5, missed_pings=3), clock)
     assert not live.due()
     clock.now += 5
@@ -65,7 +58,7 @@ def test_a_worker_that_is_up_and_misses_pings_in_a_row_is_frozen() -> None:
 
 
 def test_a_loading_worker_is_not_frozen_until_its_start_timeout() -> None:
-    clock = Clock()
+    clock = FakeClock()
     live = Liveness(SupervisionPolicy(missed_pings=2, start_timeout_s=300), clock)
     for _ in range(10):
         live.pinged(answered=False)  # still building its app: the pings wait in the queue
@@ -77,7 +70,7 @@ def test_a_loading_worker_is_not_frozen_until_its_start_timeout() -> None:
 def test_a_worker_that_said_it_serves_counts_its_misses_from_then_on() -> None:
     """A worker that freezes right after it starts serving, before any ping reached it, is
     found by its misses, not after the start timeout."""
-    clock = Clock()
+    clock = FakeClock()
     live = Liveness(SupervisionPolicy(missed_pings=2), clock)
     live.pinged(answered=False)  # before it said so: not counted
     live.serving()

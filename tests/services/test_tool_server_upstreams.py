@@ -46,9 +46,9 @@ def organic(query: str) -> dict[str, Any]:
 
 @contextmanager
 def tool_server(
-    httpserver: HTTPServer, search: str = "serper", **overrides: Any
+    httpserver: HTTPServer, search: str = "serper", read_timeout_s: float = 5, **overrides: Any
 ) -> Iterator[httpx.Client]:
-    upstream = UpstreamSettings(httpserver.url_for(""), retry=FAST, read_timeout_s=5)
+    upstream = UpstreamSettings(httpserver.url_for(""), retry=FAST, read_timeout_s=read_timeout_s)
     config = ToolServerConfig(
         search=search,  # type: ignore[arg-type]
         reader="jina",
@@ -136,18 +136,27 @@ def test_an_upstream_down_is_an_observation_not_a_crash(httpserver: HTTPServer) 
         assert client.get("/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_slow_upstream_is_cut_at_the_call_deadline(httpserver: HTTPServer) -> None:
-    def slow(_: Request) -> Response:
-        time.sleep(2)
+    """End to end on the real clock: an upstream that answers only after the test cannot cut
+    the call; without the call's deadline the read timeout (30 s) would, so the bound is a
+    third (it was 1.9 s against an upstream answering in 2 s)."""
+    release = threading.Event()
+
+    def held(_: Request) -> Response:
+        release.wait(60)
         return Response(json.dumps(organic("q")), content_type="application/json")
 
-    httpserver.expect_request("/search").respond_with_handler(slow)
-    with tool_server(httpserver, call_deadline_s=0.5) as client:
-        started = time.monotonic()
-        body = post(client, "s", "search", {"query": "q"})
-        elapsed = time.monotonic() - started
+    httpserver.expect_request("/search").respond_with_handler(held)
+    try:
+        with tool_server(httpserver, read_timeout_s=30, call_deadline_s=0.5) as client:
+            started = time.monotonic()
+            body = post(client, "s", "search", {"query": "q"})
+            elapsed = time.monotonic() - started
+    finally:
+        release.set()
     assert body["error"]["code"] in {"deadline_exceeded", "upstream_unavailable"}
-    assert elapsed < 1.9  # without the deadline: the upstream's 2 s; a loaded machine adds some
+    assert elapsed < 10
     wait_for_requests(httpserver, 1)
 
 

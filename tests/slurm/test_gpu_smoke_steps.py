@@ -170,6 +170,7 @@ def test_gloo_uses_the_backends_interface_and_refuses_a_loopback_address() -> No
     )
 
 
+@pytest.mark.slow
 def test_step_two_here_says_no_gpu_for_nccl_and_runs_gloo_for_real(tmp_path: Path) -> None:
     result = smoke("--only", "nccl", "--folder", str(tmp_path / "kit"))
     out = result.stdout
@@ -303,6 +304,7 @@ def test_the_update_tensor_is_read_from_the_checkpoint_sharded_or_not(tmp_path: 
     assert torch.equal(sglang_step.hf_tensor(sharded, sglang_step.PARAMETER), norm * 2)
 
 
+@pytest.mark.slow
 def test_steps_four_five_and_six_say_no_gpu_on_a_cpu(tmp_path: Path) -> None:
     result = smoke("--only", "sglang,slime,local", "--keep-going", "--folder", str(tmp_path))
     out = result.stdout

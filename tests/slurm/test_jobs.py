@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -182,9 +181,11 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
     assert not processes_of_job(job_id)  # nothing of the job outlives it
     assert not ray_temp_dirs(job_id)
     # the teardown of a normal end (Ray's, the services'): it was 15.6 s (Ray's 30 s drain cut
-    # by stop_timeout_s 15), and must fit well inside Slurm's KillWait
+    # by stop_timeout_s 15), and must fit well inside Slurm's KillWait. The bound is a third of
+    # Ray's drain, the failure mode (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S lost), not a
+    # measured margin over today's time a loaded machine could overrun.
     times = phase_times(attempt, 0)
-    assert times[("job", "end")] - times[("training", "done")] < 6.0, times
+    assert times[("job", "end")] - times[("training", "done")] < 10.0, times
     assert (attempt / "node-1" / "ray" / "raylet.out").is_file()  # Ray's session logs, kept
 
     status = deepdive("status", job_id, env=job_env)  # by job id, through the CLI's index
@@ -244,12 +245,12 @@ def test_a_preempted_job_resumes_and_ends_as_an_uninterrupted_one(
 def test_a_node_that_cannot_start_its_services_fails_the_job_fast(
     job_env: dict[str, str], tmp_path: Path
 ) -> None:
+    """Fast: node 0 hears of node 1's failure and ends the job, long before it would have given
+    up waiting for node 1 (join_timeout_s, 300 s here: the bound is a third of it)."""
     run = tmp_path / "run"
-    started = time.monotonic()
-    job_id = submit(tiny_job(run), {**job_env, "DEEPDIVE_DRILL": "services@1"})
-    wait_until(lambda: job_left_queue(job_id, job_env), 90, "the failed job to end")
-    elapsed = time.monotonic() - started
-    assert elapsed < 60, elapsed
+    job = tiny_job(run, 4, "bootstrap.join_timeout_s=300")
+    job_id = submit(job, {**job_env, "DEEPDIVE_DRILL": "services@1"})
+    wait_until(lambda: job_left_queue(job_id, job_env), 100, "the failed job to end")
     fields = job_fields(job_id, job_env)
     assert fields["JobState"] == "FAILED" and fields["ExitCode"] != "0:0", fields
     (attempt,) = attempts(run)

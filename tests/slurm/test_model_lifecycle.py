@@ -176,6 +176,7 @@ def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -
     assert "pass@2" in result.stdout
 
 
+@pytest.mark.slow
 def test_eval_dry_run_names_each_checkpoint_how_it_is_served_and_the_services(
     trained: Path,
 ) -> None:
@@ -195,6 +196,7 @@ def test_eval_dry_run_names_each_checkpoint_how_it_is_served_and_the_services(
     assert not (run / "eval").exists()
 
 
+@pytest.mark.slow
 def test_eval_fails_fast_on_bad_input(trained: Path, tmp_path: Path) -> None:
     run = trained / "run"
     base = ["eval", str(TINY_JOB), "--set", f'run.folder="{run}"']

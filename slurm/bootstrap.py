@@ -48,6 +48,7 @@ from services.logs import configure_logging, log_event, register_secret
 from services.process import ServiceProcess, child_preexec
 from services.secrets import TOKEN_ENV, load_env_file
 from services.waiting import wait_for
+from slurm import requeue
 from slurm.backends import Backend, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
 from slurm.config import NODE_ADDRESS, ExperimentConfig
@@ -80,7 +81,13 @@ class NodeJob(submitit.helpers.Checkpointable):
         self.config = config
 
     def __call__(self) -> int:
-        code = NodeBootstrap(self.config, current_node()).run()
+        requeue.answer_usr2_too()
+        bootstrap = NodeBootstrap(self.config, current_node())
+        try:
+            code = bootstrap.run()
+        except SystemExit:  # submitit's handler ends node 0 after asking for the requeue
+            bootstrap.wait_for_peers_to_stop()
+            raise
         if code:
             sys.exit(code)  # the trainer's exit code is the job's
         return code
@@ -439,6 +446,25 @@ class NodeBootstrap:
             write_json(self.attempt.failed(other), {**note, "t": time.time()})
             logger.error("job failed: node %d failed during %s: %s", other, phase, reason)
             print(f"deepdive: node {other} failed during {phase}: {reason}", file=sys.stderr)
+
+    def wait_for_peers_to_stop(self) -> None:
+        """Node 0 asked for a requeue, which the batch script makes once srun returns: before
+        this process exits non-zero (submitit's way; srun's --kill-on-bad-exit then signals
+        what is left of the step), let every other node finish stopping its children, so no
+        node is torn down by a signal (inside an image, SIGTERM unmounts it: slurm/requeue.py)."""
+        if not self.node.is_head or not self.attempt.requeue_asked.exists():
+            return
+        deadline = self.clock() + LONG_POLL_S + 2 * self.config.bootstrap.stop_timeout_s + 10
+        others = set(range(1, self.node.num_nodes))
+        while others and self.clock() < deadline:
+            others = {other for other in others if not self._has_stopped(other)}
+            time.sleep(0.2)
+        if others:
+            logger.warning("requeue: node(s) %s still stopping; srun ends them", sorted(others))
+
+    def _has_stopped(self, other: int) -> bool:
+        lines = read_phases(self.attempt.phases(other))
+        return any(line.get("event") == "children_stopped" for line in lines)
 
     def _has_word(self, other: int) -> bool:
         if self.attempt.failed(other).exists():

@@ -119,12 +119,16 @@ def batch_setup(run: RunFolder) -> list[str]:
 def batch_teardown(run: RunFolder) -> list[str]:
     """The batch script's lines after srun returned: the requeue node 0 asked for, by the
     host's scontrol, and Slurm's answer beside the request (JSON; its words escaped). The batch
-    shell ignores SIGTERM from here on: the requeue ends the job, the answer must be written."""
+    shell ignores SIGTERM from here on: the requeue ends the job, the answer must be written.
+    The script exits with srun's status, as it would without these lines (a failed job stays
+    FAILED)."""
     lines = TEARDOWN.replace("ATTEMPT", attempt_folder(run)).replace("$JOB", f"${JOB}")
     return [*lines.replace("ASKED", ASKED).replace("ANSWER", ANSWER).splitlines(), ""]
 
 
-TEARDOWN = r"""# deepdive: the requeue node 0 asked for, now that every node has stopped (slurm/requeue.py)
+TEARDOWN = r"""# deepdive: the requeue node 0 asked for, now that every node has stopped (slurm/requeue.py);
+# the job's exit status stays srun's
+deepdive_status=$?
 deepdive_attempt=ATTEMPT
 if [[ -e $deepdive_attempt/ASKED ]]; then
   trap '' TERM
@@ -140,7 +144,8 @@ if [[ -e $deepdive_attempt/ASKED ]]; then
   fi
   echo "$deepdive_answer, \"t\": $(date +%s)}" > "$deepdive_attempt/.ANSWER.partial"
   mv -f "$deepdive_attempt/.ANSWER.partial" "$deepdive_attempt/ANSWER"
-fi"""
+fi
+exit $deepdive_status"""
 
 
 def container_environment(run: RunFolder) -> list[str]:

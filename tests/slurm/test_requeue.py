@@ -143,9 +143,9 @@ def test_the_batch_script_requeues_after_srun_with_the_hosts_scontrol(tmp_path: 
     Slurm's answer beside the request."""
     calls = host_scontrol(tmp_path / "slurm")
     task = 'scontrol requeue "$SLURM_JOB_ID" && test ! -e ' + str(calls)  # not called yet
-    run, script = batch_script(tmp_path, task)
+    run, script = batch_script(tmp_path, task + "; (exit 255)")  # submitit's sys.exit(-1)
     result = run_batch(tmp_path, script, tmp_path / "slurm")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 255, result.stderr
     assert calls.read_text() == "requeue 7\n"
     answer = orjson.loads(run.attempt("7-1").requeue_answer.read_bytes())
     assert answer["requeued"] is True and isinstance(answer["t"], int)
@@ -154,12 +154,16 @@ def test_the_batch_script_requeues_after_srun_with_the_hosts_scontrol(tmp_path: 
     )
 
 
-def test_no_request_no_requeue(tmp_path: Path) -> None:
-    """A job that ends (or fails) without submitit asking: the host's scontrol is not called."""
+@pytest.mark.parametrize("code", [0, 1, 137])
+def test_no_request_no_requeue_and_the_job_ends_with_sruns_status(
+    tmp_path: Path, code: int
+) -> None:
+    """A job that ends (or fails) without submitit asking: the host's scontrol is not called,
+    and the batch script exits with srun's status (a failed job stays FAILED in Slurm)."""
     calls = host_scontrol(tmp_path / "slurm")
-    run, script = batch_script(tmp_path, "echo training; false")
+    run, script = batch_script(tmp_path, f"echo training; (exit {code})")
     result = run_batch(tmp_path, script, tmp_path / "slurm")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == code, result.stderr
     assert not calls.exists()
     assert not run.attempt("7-1").requeue_answer.exists()
 

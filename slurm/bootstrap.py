@@ -17,10 +17,11 @@ own children dying) between polls, so one failure ends the whole job in seconds,
 --kill-on-bad-exit ends whatever is left. Children die with their node (PR_SET_PDEATHSIG) and
 are stopped by PID, never by name.
 
-Preemption and timeouts follow submitit's protocol: Slurm sends USR2 (`--signal`), submitit
-calls `NodeJob.checkpoint` on node 0, which tells every node to stop and asks for a requeue
-(up to slurm.max_requeues); the next attempt starts over in a new attempt folder, and the
-backend resumes from the newest complete checkpoint in the run folder.
+Preemption and timeouts follow submitit's protocol: Slurm sends its warning (SIGURG,
+`--signal`: slurm/requeue.py), submitit calls `NodeJob.checkpoint` on node 0, which tells every
+node to stop and asks for a requeue (up to slurm.max_requeues), made by the batch script once
+every node has stopped; the next attempt starts over in a new attempt folder, and the backend
+resumes from the newest complete checkpoint in the run folder.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class NodeJob(submitit.helpers.Checkpointable):
     def checkpoint(  # type: ignore[override]  # submitit reads None as "do not requeue"
         self, *args: Any, **kwargs: Any
     ) -> submitit.helpers.DelayedSubmission | None:
-        """submitit calls this on node 0 when USR2 arrives (preemption or time limit): tell
+        """submitit calls this on node 0 when the warning arrives (preemption or time limit): tell
         every node to stop, and requeue unless the run has used its requeues."""
         node = current_node()
         attempt = RunFolder(Path(self.config.run.folder)).attempt(node.attempt)
@@ -474,7 +475,8 @@ class NodeBootstrap:
 
     def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
         """Slurm is ending the job (cancel, requeue, preemption). Like submitit, keep running
-        (USR2 may follow, to checkpoint and requeue), but read children dying as expected."""
+        (the warning may follow, to checkpoint and requeue), but read children dying as
+        expected."""
         if not self.terminating:
             self.terminated_at = self.clock()
         self.terminating = True

@@ -58,7 +58,7 @@ class SlurmTable:
     qos: str = ""
     constraint: str = ""
     exclusive: bool = False
-    signal_delay_s: int = 90  # USR2 this long before the time limit: requeue and resume
+    signal_delay_s: int = 90  # SIGURG this long before the time limit: requeue and resume
     # requeues a run survives, whatever their cause (a time limit or a preemption alike: the
     # job's SLURM_RESTART_COUNT); submitit's "timed-out"/"preempted" is its guess from elapsed time
     max_requeues: int = 3

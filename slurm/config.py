@@ -100,8 +100,22 @@ class ContainerTable:
     apptainer: str = "apptainer"
     nv: bool = True  # --nv: the host's NVIDIA driver inside the container
     binds: list[str] = field(default_factory=list)  # also bound: the run folder, /dev/shm
-    options: list[str] = field(default_factory=list)  # e.g. ["--containall"]
+    options: list[str] = field(default_factory=list)  # e.g. ["--writable-tmpfs"]
     python: str = "python3"
+
+    def __post_init__(self) -> None:
+        for option in self.options:
+            require(
+                option.split("=", 1)[0] not in CLEAN_ENVIRONMENT,
+                "container.options",
+                "no --containall or --cleanenv: submitit's task needs the job's Slurm and "
+                "SUBMITIT_* variables srun gives it, and they would not reach the image",
+                option,
+            )
+
+
+# Apptainer's options that start the container without the host's environment
+CLEAN_ENVIRONMENT = {"--containall", "-C", "--cleanenv", "-e"}
 
 
 # services.host: the node's own cluster address, resolved on each node (slurm/bootstrap.py)

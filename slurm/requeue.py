@@ -150,7 +150,8 @@ exit $deepdive_status"""
 
 def container_environment(run: RunFolder) -> list[str]:
     """apptainer exec's options that give the tasks inside the image the signal's name and the
-    stand-in first on their PATH, whatever the image's PATH and even with --cleanenv."""
+    stand-in first on their PATH, whatever the image's own PATH (container.options may not drop
+    the host's environment: slurm/config.py)."""
     return [
         "--env",
         f"{SIGNAL_ENV}={SIGNAL_NAME}",

@@ -76,8 +76,8 @@ def memory(mem_gb: float, exclusive: bool) -> str | None:
 
 def python_command(config: ExperimentConfig) -> str:
     """The shell command each task starts Python with (submitit's `python` override). Inside an
-    image the tasks get the warning signal's name and the stand-in scontrol with --env (the
-    batch script's exports do not cross --cleanenv)."""
+    image the tasks get the warning signal's name and the stand-in scontrol with --env, first
+    on the image's own PATH (slurm/requeue.py)."""
     container = config.container
     if not container.image:
         return shlex.quote(sys.executable)

@@ -128,13 +128,13 @@ def test_the_python_command_runs_in_the_image(tmp_path: Path, nv: bool) -> None:
             f'run.folder="{tmp_path / "run"}"',
             f'container.image="{image}"',
             f"container.nv={str(nv).lower()}",
-            'container.options=["--containall"]',
+            'container.options=["--contain"]',
         ],
     )
     expected = ["apptainer", "exec", *(["--nv"] if nv else [])]
     expected += ["--bind", str(tmp_path / "run"), "--bind", "/dev/shm"]
     expected += ["--env", "SUBMITIT_PREEMPT_SIGNAL=URG"]  # slurm/requeue.py
-    expected += ["--env", f"PREPEND_PATH={tmp_path / 'run' / 'submitit' / 'bin'}", "--containall"]
+    expected += ["--env", f"PREPEND_PATH={tmp_path / 'run' / 'submitit' / 'bin'}", "--contain"]
     assert python_command(config) == " ".join([*expected, str(image), "python3"])
 
 

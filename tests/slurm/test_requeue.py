@@ -218,14 +218,15 @@ def test_the_warning_signal_is_sigurg_by_number_for_sbatch_and_by_name_for_submi
 def test_inside_an_image_the_tasks_get_the_signal_and_the_stand_in_with_env(
     tmp_path: Path,
 ) -> None:
-    """With --cleanenv the batch script's exports do not reach the image: apptainer's --env
-    does, and PREPEND_PATH puts the stand-in before the image's own PATH (Apptainer 1.4)."""
+    """The batch script's exports reach the image through Apptainer's default environment;
+    --env says it explicitly (an image's own environment scripts cannot drop it), and
+    PREPEND_PATH puts the stand-in before the image's own PATH (Apptainer 1.4)."""
     config = load_experiment(
         TINY,
         [
             f'run.folder="{tmp_path / "run"}"',
             f'container.image="{tmp_path / "x.sif"}"',
-            'container.options=["--cleanenv"]',
+            'container.options=["--contain"]',
         ],
     )
     command = python_command(config).split()
@@ -234,7 +235,7 @@ def test_inside_an_image_the_tasks_get_the_signal_and_the_stand_in_with_env(
         "SUBMITIT_PREEMPT_SIGNAL=URG",
         f"PREPEND_PATH={tmp_path / 'run' / 'submitit' / 'bin'}",
     ]
-    assert command.index("--cleanenv") > command.index("--env")
+    assert command.index("--contain") > command.index("--env")
 
 
 def test_usr2_does_what_the_warning_signal_does_in_the_job() -> None:

@@ -17,10 +17,11 @@ own children dying) between polls, so one failure ends the whole job in seconds,
 --kill-on-bad-exit ends whatever is left. Children die with their node (PR_SET_PDEATHSIG) and
 are stopped by PID, never by name.
 
-Preemption and timeouts follow submitit's protocol: Slurm sends USR2 (`--signal`), submitit
-calls `NodeJob.checkpoint` on node 0, which tells every node to stop and asks for a requeue
-(up to slurm.max_requeues); the next attempt starts over in a new attempt folder, and the
-backend resumes from the newest complete checkpoint in the run folder.
+Preemption and timeouts follow submitit's protocol: Slurm sends its warning (SIGURG,
+`--signal`: slurm/requeue.py), submitit calls `NodeJob.checkpoint` on node 0, which tells every
+node to stop and asks for a requeue (up to slurm.max_requeues), made by the batch script once
+every node has stopped; the next attempt starts over in a new attempt folder, and the backend
+resumes from the newest complete checkpoint in the run folder.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from services.logs import configure_logging, log_event, register_secret
 from services.process import ServiceProcess, child_preexec
 from services.secrets import TOKEN_ENV, load_env_file
 from services.waiting import wait_for
+from slurm import requeue
 from slurm.backends import Backend, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
 from slurm.config import NODE_ADDRESS, ExperimentConfig
@@ -80,7 +82,13 @@ class NodeJob(submitit.helpers.Checkpointable):
         self.config = config
 
     def __call__(self) -> int:
-        code = NodeBootstrap(self.config, current_node()).run()
+        requeue.answer_usr2_too()
+        bootstrap = NodeBootstrap(self.config, current_node())
+        try:
+            code = bootstrap.run()
+        except SystemExit:  # submitit's handler ends node 0 after asking for the requeue
+            bootstrap.wait_for_peers_to_stop()
+            raise
         if code:
             sys.exit(code)  # the trainer's exit code is the job's
         return code
@@ -88,7 +96,7 @@ class NodeJob(submitit.helpers.Checkpointable):
     def checkpoint(  # type: ignore[override]  # submitit reads None as "do not requeue"
         self, *args: Any, **kwargs: Any
     ) -> submitit.helpers.DelayedSubmission | None:
-        """submitit calls this on node 0 when USR2 arrives (preemption or time limit): tell
+        """submitit calls this on node 0 when the warning arrives (preemption or time limit): tell
         every node to stop, and requeue unless the run has used its requeues."""
         node = current_node()
         attempt = RunFolder(Path(self.config.run.folder)).attempt(node.attempt)
@@ -440,6 +448,25 @@ class NodeBootstrap:
             logger.error("job failed: node %d failed during %s: %s", other, phase, reason)
             print(f"deepdive: node {other} failed during {phase}: {reason}", file=sys.stderr)
 
+    def wait_for_peers_to_stop(self) -> None:
+        """Node 0 asked for a requeue, which the batch script makes once srun returns: before
+        this process exits non-zero (submitit's way; srun's --kill-on-bad-exit then signals
+        what is left of the step), let every other node finish stopping its children, so no
+        node is torn down by a signal (inside an image, SIGTERM unmounts it: slurm/requeue.py)."""
+        if not self.node.is_head or not self.attempt.requeue_asked.exists():
+            return
+        deadline = self.clock() + LONG_POLL_S + 2 * self.config.bootstrap.stop_timeout_s + 10
+        others = set(range(1, self.node.num_nodes))
+        while others and self.clock() < deadline:
+            others = {other for other in others if not self._has_stopped(other)}
+            time.sleep(0.2)
+        if others:
+            logger.warning("requeue: node(s) %s still stopping; srun ends them", sorted(others))
+
+    def _has_stopped(self, other: int) -> bool:
+        lines = read_phases(self.attempt.phases(other))
+        return any(line.get("event") == "children_stopped" for line in lines)
+
     def _has_word(self, other: int) -> bool:
         if self.attempt.failed(other).exists():
             return True
@@ -448,7 +475,8 @@ class NodeBootstrap:
 
     def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
         """Slurm is ending the job (cancel, requeue, preemption). Like submitit, keep running
-        (USR2 may follow, to checkpoint and requeue), but read children dying as expected."""
+        (the warning may follow, to checkpoint and requeue), but read children dying as
+        expected."""
         if not self.terminating:
             self.terminated_at = self.clock()
         self.terminating = True

@@ -188,6 +188,8 @@ def run_status(args: argparse.Namespace) -> None:
     reward = "-" if status.reward is None else f"{status.reward:.3f}"
     print(f"step      {step} (reward {reward})")
     print(f"finished  {'yes' if status.finished else 'no'}")
+    if status.requeue:
+        print(f"requeue   {status.requeue}")
     for failure in status.failures:
         print(f"FAILED    node {failure['node']} during {failure['phase']}: {failure['error']}")
 

@@ -58,7 +58,7 @@ class SlurmTable:
     qos: str = ""
     constraint: str = ""
     exclusive: bool = False
-    signal_delay_s: int = 90  # USR2 this long before the time limit: requeue and resume
+    signal_delay_s: int = 90  # SIGURG this long before the time limit: requeue and resume
     # requeues a run survives, whatever their cause (a time limit or a preemption alike: the
     # job's SLURM_RESTART_COUNT); submitit's "timed-out"/"preempted" is its guess from elapsed time
     max_requeues: int = 3
@@ -100,8 +100,22 @@ class ContainerTable:
     apptainer: str = "apptainer"
     nv: bool = True  # --nv: the host's NVIDIA driver inside the container
     binds: list[str] = field(default_factory=list)  # also bound: the run folder, /dev/shm
-    options: list[str] = field(default_factory=list)  # e.g. ["--containall"]
+    options: list[str] = field(default_factory=list)  # e.g. ["--writable-tmpfs"]
     python: str = "python3"
+
+    def __post_init__(self) -> None:
+        for option in self.options:
+            require(
+                option.split("=", 1)[0] not in CLEAN_ENVIRONMENT,
+                "container.options",
+                "no --containall or --cleanenv: submitit's task needs the job's Slurm and "
+                "SUBMITIT_* variables srun gives it, and they would not reach the image",
+                option,
+            )
+
+
+# Apptainer's options that start the container without the host's environment
+CLEAN_ENVIRONMENT = {"--containall", "-C", "--cleanenv", "-e"}
 
 
 # services.host: the node's own cluster address, resolved on each node (slurm/bootstrap.py)

@@ -38,6 +38,7 @@ import submitit
 from services.exceptions import ConfigError, ServiceError
 from services.files import partial_path, publish, remove
 from services.process import child_preexec
+from slurm import requeue
 from slurm.config import ExperimentConfig
 from slurm.slime_args import architecture, slime_checkpoints
 from slurm.submit import python_command
@@ -199,6 +200,9 @@ def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
         "ntasks_per_node": 1,
         "time": slurm.time_min,
         "gpus_per_node": max(1, slurm.gpus_per_node),
+        # the training job's warning signal (python_command names it inside an image)
+        "setup": requeue.signal_setup(),
+        "additional_parameters": {"signal": requeue.sbatch_signal(90)},
     }
     for name in ("partition", "account", "qos", "constraint"):
         if getattr(slurm, name):

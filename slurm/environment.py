@@ -12,6 +12,11 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# The two variables an attempt's name comes from (NodeInfo.attempt), also read by the shell
+# scripts of slurm/requeue.py: "$JOB-${RESTART:-0}"
+JOB_ID_VARIABLE = "SLURM_JOB_ID"
+RESTART_COUNT_VARIABLE = "SLURM_RESTART_COUNT"
+
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -46,7 +51,7 @@ def current_node() -> NodeInfo:
         num_nodes=job.num_nodes,
         hostname=job.hostname,
         node_name=os.environ.get("SLURMD_NODENAME", "") or socket.gethostname(),
-        restart_count=_int(os.environ.get("SLURM_RESTART_COUNT"), 0),
+        restart_count=_int(os.environ.get(RESTART_COUNT_VARIABLE), 0),
         cpus=_int(os.environ.get("SLURM_CPUS_PER_TASK"), 0)
         or _int(os.environ.get("SLURM_CPUS_ON_NODE"), 0)
         or (os.cpu_count() or 1),

@@ -18,6 +18,8 @@ each other there.
         node-K.json                 node K is ready: its ports and service URLs
         failed-node-K.json          node K failed: the phase and why
         end.json                    node 0: the trainer ended (exit code), everyone stops
+        requeue-asked.json          node 0's submitit asked for a requeue (slurm/requeue.py)
+        requeue-answer.json         Slurm's answer, from the batch script once srun returned
     RUN/logs/tensorboard/       the trainer's TensorBoard events (what `deepdive status` reads)
     RUN/checkpoints, logs/, ...  the backend's own files (checkpoints, metrics)
 
@@ -35,6 +37,10 @@ from typing import Any
 import orjson
 
 from services.files import atomic_write_bytes
+
+# written by shell scripts (slurm/requeue.py), read here
+REQUEUE_ASKED = "requeue-asked.json"
+REQUEUE_ANSWER = "requeue-answer.json"
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -93,6 +99,14 @@ class AttemptFolder:
     @property
     def cluster(self) -> Path:
         return self.root / "cluster.json"
+
+    @property
+    def requeue_asked(self) -> Path:
+        return self.root / REQUEUE_ASKED
+
+    @property
+    def requeue_answer(self) -> Path:
+        return self.root / REQUEUE_ANSWER
 
     def failures(self) -> list[dict[str, Any]]:
         found = []

@@ -18,7 +18,7 @@ import orjson
 from services.exceptions import ConfigError
 from slurm import event_files
 from slurm.phases import read_phases
-from slurm.run_folder import RunFolder, read_json
+from slurm.run_folder import AttemptFolder, RunFolder, read_json
 
 # The tag of the mean training reward of a step: slime's rollout/raw_reward (slime/ray/rollout.py and
 # slime/observability/train_metric_utils.py at 624b824, logged with step "rollout/step"), the
@@ -70,12 +70,25 @@ class RunStatus:
     reward: float | None = None
     finished: bool = False
     nodes: dict[int, str] = field(default_factory=dict)  # each node's newest phase
+    requeue: str | None = None  # the newest attempt's requeue: asked, requeued or refused
 
     def as_dict(self) -> dict[str, Any]:
         """JSON's keys are strings: the nodes' numbers become "0", "1", ..."""
         fields = {key: value for key, value in self.__dict__.items() if key != "run"}
         fields["nodes"] = {str(node): phase for node, phase in self.nodes.items()}
         return fields | {"run": str(self.run)}
+
+
+def requeue_state(attempt: AttemptFolder) -> str | None:
+    """What became of a requeue node 0 asked for in this attempt (slurm/requeue.py)."""
+    answer = read_json(attempt.requeue_answer)
+    if isinstance(answer, dict) and answer.get("requeued") is True:
+        return "requeued by Slurm: the next attempt starts when Slurm runs the job again"
+    if isinstance(answer, dict):
+        return f"REFUSED by Slurm: {answer.get('error') or 'no reason given'}"
+    if attempt.requeue_asked.exists():
+        return "asked: the batch script requeues the job once every node has stopped"
+    return None
 
 
 def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
@@ -98,6 +111,7 @@ def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
                 last = lines[-1]
                 status.nodes[int(last["node"])] = f"{last['phase']} {last['event']}"
         status.phase = status.nodes.get(0)
+        status.requeue = requeue_state(latest)
     reward = event_files.latest(run.tensorboard, REWARD_TAGS)
     if reward is not None:
         status.step, status.reward = reward.step, reward.value

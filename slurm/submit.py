@@ -5,9 +5,11 @@ submitit renders the sbatch script and submits it.
 The job runs one task per node (`srun --kill-on-bad-exit=1`: a node that exits non-zero ends
 the others), each task `python -u -m submitit.core._submit FOLDER` with `python` either the
 interpreter that submitted (a virtual environment on shared storage) or, with an image,
-`apptainer exec --nv --bind RUN --bind /dev/shm IMAGE python3`, so every task runs inside the
-image. The submitit folder is RUN/submitit/%j: the pickled job (the resolved config, no
-secret), the sbatch script and each task's raw log.
+`apptainer exec --nv --bind RUN --bind /dev/shm --env ... IMAGE python3`, so every task runs
+inside the image. The submitit folder is RUN/submitit/%j: the pickled job (the resolved config,
+no secret), the sbatch script and each task's raw log. Slurm's warning before the time limit is
+SIGURG and submitit's requeue is made by the batch script once every node has stopped
+(slurm/requeue.py: what a job inside an image needs).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.exceptions import ServiceError
+from slurm import requeue
 from slurm.config import ExperimentConfig
 from slurm.run_folder import RunFolder
 
@@ -30,6 +33,7 @@ SRUN_ARGS = ("--kill-on-bad-exit=1",)
 def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
     """The parameters of submitit's SlurmExecutor (its names: sbatch's, with underscores)."""
     slurm = config.slurm
+    run = RunFolder(Path(config.run.folder))
     parameters: dict[str, Any] = {
         "job_name": config.run.name,
         "nodes": slurm.nodes,
@@ -47,10 +51,15 @@ def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
         "qos": slurm.qos,
         "constraint": slurm.constraint,
         "exclusive": slurm.exclusive or None,
-        "setup": list(slurm.setup),
-        # a requeue (ours on USR2, or Slurm's on preemption) must not depend on the site's
-        # JobRequeue default
-        "additional_parameters": {"requeue": True, **slurm.extra},
+        "setup": [*slurm.setup, *requeue.batch_setup(run)],
+        "teardown": requeue.batch_teardown(run),
+        # a requeue (ours on the warning signal, or Slurm's on preemption) must not depend on
+        # the site's JobRequeue default; the warning is SIGURG, by number (slurm/requeue.py)
+        "additional_parameters": {
+            "requeue": True,
+            "signal": requeue.sbatch_signal(slurm.signal_delay_s),
+            **slurm.extra,
+        },
     }
     parameters.update({key: value for key, value in optional.items() if value})
     return parameters
@@ -66,7 +75,9 @@ def memory(mem_gb: float, exclusive: bool) -> str | None:
 
 
 def python_command(config: ExperimentConfig) -> str:
-    """The shell command each task starts Python with (submitit's `python` override)."""
+    """The shell command each task starts Python with (submitit's `python` override). Inside an
+    image the tasks get the warning signal's name and the stand-in scontrol with --env, first
+    on the image's own PATH (slurm/requeue.py)."""
     container = config.container
     if not container.image:
         return shlex.quote(sys.executable)
@@ -76,6 +87,7 @@ def python_command(config: ExperimentConfig) -> str:
         parts.append("--nv")
     for bind in binds:
         parts += ["--bind", bind]
+    parts += requeue.container_environment(RunFolder(Path(config.run.folder)))
     parts += [*container.options, container.image, container.python]
     return shlex.join(parts)
 
@@ -120,6 +132,7 @@ def submit(config: ExperimentConfig) -> str:
     executor.update_parameters(**executor_parameters(config))
     printed = io.StringIO()
     try:
+        requeue.write_stand_in(RunFolder(Path(config.run.folder)))
         with contextlib.redirect_stderr(printed):  # submitit prints sbatch's stderr, then raises
             job = executor.submit(NodeJob(config))
     except FailedJobError as error:

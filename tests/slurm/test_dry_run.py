@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from slurm import requeue
 from slurm.config import load_experiment
+from slurm.run_folder import RunFolder
 from slurm.submit import executor_parameters, python_command, sbatch_script
 from tests.helpers import DEEPDIVE
 
@@ -86,7 +88,9 @@ def test_executor_parameters_are_a_pure_function_of_the_config(tmp_path: Path) -
         "cpus_per_task": 2,
         "mem": "4096MB",
         "exclusive": True,
-        "additional_parameters": {"requeue": True},
+        "setup": requeue.batch_setup(RunFolder(tmp_path)),
+        "teardown": requeue.batch_teardown(RunFolder(tmp_path)),
+        "additional_parameters": {"requeue": True, "signal": "23@90"},
     }
     assert python_command(config) == sys.executable
 
@@ -124,11 +128,13 @@ def test_the_python_command_runs_in_the_image(tmp_path: Path, nv: bool) -> None:
             f'run.folder="{tmp_path / "run"}"',
             f'container.image="{image}"',
             f"container.nv={str(nv).lower()}",
-            'container.options=["--containall"]',
+            'container.options=["--contain"]',
         ],
     )
     expected = ["apptainer", "exec", *(["--nv"] if nv else [])]
-    expected += ["--bind", str(tmp_path / "run"), "--bind", "/dev/shm", "--containall"]
+    expected += ["--bind", str(tmp_path / "run"), "--bind", "/dev/shm"]
+    expected += ["--env", "SUBMITIT_PREEMPT_SIGNAL=URG"]  # slurm/requeue.py
+    expected += ["--env", f"PREPEND_PATH={tmp_path / 'run' / 'submitit' / 'bin'}", "--contain"]
     assert python_command(config) == " ".join([*expected, str(image), "python3"])
 
 

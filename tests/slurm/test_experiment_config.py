@@ -70,6 +70,11 @@ def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
         ("[local.grpo]\nlr = -1\n", "grpo.lr: expected a positive number"),
         ("[local.grpo]\nstepz = 1\n", "[local.grpo]: unknown key 'stepz'"),
         ("[run]\n", "Cannot declare"),  # a table written twice is not TOML
+        (  # no SLURM_* inside the image: submitit cannot run (seen on the 2-host cluster)
+            '[container]\noptions = ["--containall"]\n',
+            "container.options: expected no --containall or --cleanenv",
+        ),
+        ('[container]\noptions = ["-e"]\n', "container.options: expected no --containall"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:

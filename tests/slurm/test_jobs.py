@@ -201,10 +201,11 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
 def test_a_preempted_job_resumes_and_ends_as_an_uninterrupted_one(
     job_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Two jobs at once (no port collision, both finish); one gets USR2 mid-training, as a
-    preemption sends it: it requeues, resumes from its last checkpoint, and its final model is
-    the uninterrupted one's."""
-    steps = 24  # long enough that USR2 lands mid-training
+    """Two jobs at once (no port collision, both finish); one gets the warning signal
+    mid-training (SIGURG, 23: what Slurm sends before the time limit, slurm/requeue.py): node
+    0 asks for the requeue, the batch script makes it once srun returns, the job resumes from
+    its last checkpoint, and its final model is the uninterrupted one's."""
+    steps = 24  # long enough that the signal lands mid-training
     preempted, steady = tmp_path / "preempted", tmp_path / "steady"
     first = submit(tiny_job(preempted, steps), job_env)
     second = submit(tiny_job(steady, steps), job_env)
@@ -212,7 +213,7 @@ def test_a_preempted_job_resumes_and_ends_as_an_uninterrupted_one(
     wait_until(
         lambda: (checkpoints / "step-000002").is_dir(), JOB_TIMEOUT_S, "a checkpoint at step 2"
     )
-    subprocess.run(["scancel", "--signal=USR2", first], env=job_env, check=True)
+    subprocess.run(["scancel", f"--signal={int(signal.SIGURG)}", first], env=job_env, check=True)
     wait_until(
         lambda: job_left_queue(first, job_env) and job_left_queue(second, job_env),
         JOB_TIMEOUT_S,
@@ -224,6 +225,8 @@ def test_a_preempted_job_resumes_and_ends_as_an_uninterrupted_one(
     one, two = attempts(preempted)
     assert (one.name, two.name) == (f"{first}-0", f"{first}-1")
     assert note(one / "end.json")["requeue"] is True
+    assert note(one / "requeue-asked.json")["job_id"] == first  # by submitit, in the task
+    assert note(one / "requeue-answer.json")["requeued"] is True  # by the batch script
     assert "resumed from" in (two / "node-0.log").read_text()
     assert [row["step"] for row in metrics(preempted)] == list(range(1, steps + 1))
     assert len(attempts(steady)) == 1

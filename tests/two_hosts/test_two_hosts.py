@@ -4,11 +4,11 @@ node, as the sbatch script says), the run folder on the shared volume. The emula
 (tests/slurm) share one host, one IP and the checkout's venv; here the nodes share only the
 network and the volume, so whatever crosses between them crosses the network.
 
-Four jobs. The main one trains, is sent USR2 once a checkpoint exists, requeues and resumes;
-while it runs, each node's services are called from the other node by address and each node's
-TCP peers are read. Two more show, as strict xfails, what a requeue inside the image still
-lacks with Apptainer's defaults (docs/cluster.md). The last has node 1's bootstrap SIGKILLed
-mid-training."""
+Two jobs, both with the launcher's defaults for an image (the SIF mounted by Apptainer's
+unprivileged squashfuse, no Slurm client inside it). The main one trains, gets Slurm's warning
+signal once a checkpoint exists (SIGURG, slurm/requeue.py), requeues and resumes; while it runs,
+each node's services are called from the other node by address and each node's TCP peers are
+read. The other has node 1's bootstrap SIGKILLed mid-training."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any
 import orjson
 import pytest
 
+from slurm.phases import read_phases
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
@@ -99,7 +101,7 @@ def cluster() -> TwoHosts:
     )
 
 
-# long enough that USR2 lands mid-training, also on a loaded machine (a step takes ~0.3 s here;
+# long enough that the warning signal lands mid-training, also on a loaded machine (a step takes ~0.3 s here;
 # a checkpoint every 2 steps)
 STEPS = 40
 SAMPLES_PER_NODE = 4  # cluster-tiny: 2 prompts x 4 samples a step, a group per node
@@ -127,33 +129,18 @@ def attempts(run: Path) -> list[Path]:
     return sorted(path for path in (run / "attempts").iterdir() if path.is_dir())
 
 
-# The node's Slurm client, bound into the image: submitit requeues with `scontrol requeue` from
-# inside the task, and the image has no Slurm (a site binds its own; docs/cluster.md)
-SLURM_CLIENT = [
-    "/usr/bin/scontrol",
-    "/usr/lib/x86_64-linux-gnu/slurm-wlm",
-    "/usr/lib/x86_64-linux-gnu/libmunge.so.2",
-    "/etc/slurm",
-    "/run/munge",
-]
-# Apptainer unpacks the SIF per task instead of mounting it with squashfuse (its unprivileged
-# default): Slurm signals every process of a step, squashfuse too, and squashfuse unmounts the
-# image under the running job on USR2 and SIGTERM (docs/cluster.md)
-UNSQUASH = ["--unsquash"]
+# Slurm's warning before the time limit, as the sbatch script asks for it (--signal=23@...):
+# SIGURG, by number (Slurm 22.05 knows no name URG)
+WARNING = str(int(signal.SIGURG))
 
 
-def submit(
-    cluster: TwoHosts,
-    name: str,
-    steps: int,
-    binds: list[str] = SLURM_CLIENT,
-    options: list[str] = UNSQUASH,
-) -> tuple[str, Path]:
+def submit(cluster: TwoHosts, name: str, steps: int) -> tuple[str, Path]:
     """Submit cluster-tiny from the login host, as a user would, into a new run folder (a
     cluster that stays up can run the tests again); the job id and the run folder as this host
-    sees it. The env file's folder is bound besides `binds`: the nodes read it."""
+    sees it. The env file's folder is bound (the nodes read it); nothing else is: no Slurm
+    client, no option (Apptainer mounts the SIF with squashfuse)."""
     name = f"{name}-{secrets.token_hex(3)}"
-    binds = ["/shared/keys", *binds]
+    binds = ["/shared/keys"]
     result = cluster.run(
         "ctl",
         "deepdive",
@@ -164,7 +151,6 @@ def submit(
         *("--set", f'container.image="{cluster.sif}"'),
         *("--set", "container.nv=false"),  # no GPU driver to bring in
         *("--set", f"container.binds={json.dumps(binds)}"),
-        *("--set", f"container.options={json.dumps(options)}"),
         *("--set", 'services.host="0.0.0.0"'),  # answer the other node (the token guards it)
         *("--set", f'services.env_file="{KEYS}"'),
         user=USER,
@@ -210,7 +196,7 @@ class Preempted:
     nodes: dict[int, dict[str, Any]]  # node-K.json of the first attempt
     calls: dict[str, str] = field(default_factory=dict)  # "from -> url (token?)": status line
     ray_peers: dict[str, list[str]] = field(default_factory=dict)  # host: its TCP peers
-    usr2_at_step: int = 0
+    warned_at_step: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -235,15 +221,11 @@ def tcp_peers(cluster: TwoHosts, host: str) -> list[str]:
 
 
 def preempt(
-    cluster: TwoHosts,
-    name: str,
-    binds: list[str] = SLURM_CLIENT,
-    options: list[str] = UNSQUASH,
-    while_ready: Callable[[Preempted], None] | None = None,
+    cluster: TwoHosts, name: str, while_ready: Callable[[Preempted], None] | None = None
 ) -> Preempted:
-    """cluster-tiny for STEPS steps; `while_ready(seen)` once both nodes are ready; USR2 once
-    step 2's checkpoint exists; then it should requeue, resume and finish."""
-    job_id, run = submit(cluster, name, STEPS, binds, options)
+    """cluster-tiny for STEPS steps; `while_ready(seen)` once both nodes are ready; Slurm's
+    warning signal once step 2's checkpoint exists; then it should requeue, resume and finish."""
+    job_id, run = submit(cluster, name, STEPS)
     try:
         took = timed(
             lambda: all(ready_note(run, node) for node in (0, 1)), 300, "both nodes to be ready"
@@ -256,20 +238,19 @@ def preempt(
         while_ready(seen)
     checkpoints = run / "checkpoints"
     took = timed(lambda: (checkpoints / "step-000002").is_dir(), 300, "a checkpoint at step 2")
-    seen.usr2_at_step = len((run / "logs" / "metrics.jsonl").read_bytes().splitlines())
-    cluster.slurm("scancel", "--signal=USR2", job_id)
-    say(f"job {job_id}: USR2 at step {seen.usr2_at_step}, {took:.1f} s after both were ready")
+    seen.warned_at_step = len((run / "logs" / "metrics.jsonl").read_bytes().splitlines())
+    cluster.slurm("scancel", f"--signal={WARNING}", job_id)
+    say(f"job {job_id}: SIGURG at step {seen.warned_at_step}, {took:.1f} s after both were ready")
     took = timed(lambda: not cluster.in_queue(job_id), JOB_TIMEOUT_S, "the job to end")
-    say(f"job {job_id}: left the queue {took:.1f} s after USR2")
+    say(f"job {job_id}: left the queue {took:.1f} s after SIGURG")
     return seen
 
 
 @pytest.fixture(scope="module")
 def preempted(cluster: TwoHosts, keys: str) -> Preempted:
     """The main job: while it runs, each node's services are called from the other node and
-    each node's TCP peers are read; then USR2, a requeue and the rest of the training. The SIF
-    unpacked per task and the node's Slurm client bound in (SLURM_CLIENT, UNSQUASH): what a
-    requeue inside an image needs today."""
+    each node's TCP peers are read; then the warning signal, a requeue and the rest of the
+    training, all with the launcher's defaults for an image."""
 
     def calls_and_peers(seen: Preempted) -> None:
         hosts = {node: seen.nodes[node]["host"] for node in (0, 1)}
@@ -333,64 +314,79 @@ def test_every_step_has_rollout_samples_from_both_nodes(preempted: Preempted) ->
         assert row["samples_node_0"] == row["samples_node_1"] == SAMPLES_PER_NODE, row
 
 
-def test_a_usr2_requeue_resumes_from_its_checkpoint(
+def test_a_requeue_inside_the_image_resumes_from_its_checkpoint(
     cluster: TwoHosts, preempted: Preempted
 ) -> None:
+    """With the launcher's defaults: the SIF mounted by squashfuse survives the warning signal
+    (SIGURG), and submitit's `scontrol requeue`, inside the image where there is no Slurm
+    client, is made by the batch script on the host once every node has stopped."""
     fields = cluster.job_fields(preempted.job_id)
     assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), fields
     assert (preempted.run / "finished.json").is_file()
     one, two = attempts(preempted.run)
     assert (one.name, two.name) == (f"{preempted.job_id}-0", f"{preempted.job_id}-1")
     assert note(one / "end.json")["requeue"] is True
-    assert 2 <= preempted.usr2_at_step < STEPS
+    assert note(one / "requeue-asked.json")["job_id"] == preempted.job_id  # the stand-in
+    assert note(one / "requeue-answer.json")["requeued"] is True  # the batch script
+    assert 2 <= preempted.warned_at_step < STEPS
     assert "resumed from" in (two / "node-0.log").read_text()
     for node in (0, 1):  # the second attempt ran on both hosts again
         assert note(two / f"node-{node}.json")["host"] in {"n1", "n2"}
+    # every node stopped on its own (no signal tore a node down with its image)
+    for node in (0, 1):
+        events = [line["event"] for line in read_phases(one / f"node-{node}.phases.jsonl")]
+        assert "children_stopped" in events, events
+    logs = "\n".join(path.read_text(errors="replace") for path in one.glob("node-*.log"))
+    for sign in ("Bus error", "Transport endpoint is not connected", "No module named"):
+        assert sign not in logs, sign
 
 
-class KnownRequeueDefect(AssertionError):
-    """The job failed as the xfail below expects, and for nothing else."""
+def job_leftovers(cluster: TwoHosts, job_id: str) -> dict[str, str]:
+    """On each node: the job's Ray temp dirs (/tmp/dd-JOB-K) and any process still carrying
+    the job's id in its environment."""
+    found = {}
+    for host in ("n1", "n2"):
+        result = cluster.run(
+            host,
+            "bash",
+            "-c",
+            'ls -d /tmp/dd-"$1"-* 2>/dev/null; for d in /proc/[0-9]*; do tr "\\0" "\\n" '
+            '<"$d/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && tr "\\0" " " '
+            '<"$d/cmdline"; done; true',
+            "_",
+            job_id,
+        )
+        found[host] = result.stdout.strip()
+    return found
 
 
-@pytest.mark.xfail(
-    raises=KnownRequeueDefect,
-    reason="a requeue inside the image needs what the launcher does not provide yet "
-    "(docs/cluster.md): the image mounted by squashfuse, Apptainer's unprivileged default, "
-    "dies with the USR2 Slurm sends every process of the step (Bus error, ImportError); "
-    "submitit's `scontrol requeue` runs inside the image, which has no Slurm. Strict: once "
-    "the launcher handles a case, it passes, and so fails here; then drop it from the list",
-)
-@pytest.mark.parametrize(
-    ("case", "binds", "options", "evidence"),
-    [
-        ("squashfuse", SLURM_CLIENT, [], ("Bus error", "No module named")),
-        ("no-scontrol", [], UNSQUASH, ("No such file or directory: 'scontrol'",)),
-    ],
-)
-def test_a_usr2_requeue_with_the_images_defaults(
-    cluster: TwoHosts,
-    keys: str,
-    case: str,
-    binds: list[str],
-    options: list[str],
-    evidence: tuple[str, ...],
-) -> None:
-    seen = preempt(cluster, case, binds, options)
-    fields = cluster.job_fields(seen.job_id)
-    if (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"):
-        return
-    logs = "\n".join(
+def test_a_cancel_inside_the_image_still_stops_every_node(cluster: TwoHosts, keys: str) -> None:
+    """SIGTERM, which Slurm sends at a cancel, a preemption or the time limit and which no
+    option changes, makes Apptainer's squashfuse unmount the image under the job: each node's
+    teardown needs nothing new from the image, so it still stops its children, copies Ray's
+    logs and removes Ray's temp dir; the processes may die of SIGBUS on their way out (counted
+    here, docs/cluster.md)."""
+    job_id, run = submit(cluster, "cancelled", 400)
+    timed(lambda: (run / "logs" / "metrics.jsonl").is_file(), 300, "training")
+    cluster.slurm("scancel", job_id)
+    took = timed(lambda: not cluster.in_queue(job_id), 120, "the cancelled job to end")
+    assert cluster.job_fields(job_id)["JobState"] == "CANCELLED"
+    (attempt,) = attempts(run)
+    for node in (0, 1):
+        events = [line["event"] for line in read_phases(attempt / f"node-{node}.phases.jsonl")]
+        assert "children_stopped" in events, (node, events)
+        assert (attempt / f"node-{node}" / "ray").is_dir()  # Ray's session logs, copied
+    assert not (attempt / "requeue-asked.json").exists()  # a cancel is not a requeue
+    wait_until(lambda: not any(job_leftovers(cluster, job_id).values()), 30, "the job's leftovers")
+    status = cluster.run("ctl", "deepdive", "status", f"/shared/runs/{run.name}", user=USER)
+    assert "FAILED" not in status.stdout, status.stdout
+    raw = "\n".join(
         path.read_text(errors="replace")
-        for path in [
-            *(seen.run / "submitit" / seen.job_id).glob("*_log.err"),
-            *(seen.run / "attempts").glob("*/node-*.log"),
-        ]
+        for path in [*(run / "submitit" / job_id).glob("*_log.err"), *attempt.glob("node-*.log")]
     )
-    found = [line for line in logs.splitlines() if any(text in line for text in evidence)]
-    if found:
-        raise KnownRequeueDefect(f"job {seen.job_id} {fields['JobState']}: {found[:3]}")
-    raise AssertionError(
-        f"job {seen.job_id} {fields['JobState']} for another reason:\n{logs[-3000:]}"
+    say(
+        f"job {job_id}: cancelled, left the queue {took:.1f} s later, every node stopped; "
+        f"{raw.count('Bus error')} 'Bus error' line(s) in its logs"
     )
 
 
@@ -407,7 +403,7 @@ class Killed:
 def killed(cluster: TwoHosts, keys: str) -> Killed:
     """A long cluster-tiny whose node 1 bootstrap is SIGKILLed once training has begun (not the
     failure drill: the process dies as a crashed or OOM-killed one would)."""
-    job_id, run = submit(cluster, "killed", 400, options=[])  # the image mounted by squashfuse
+    job_id, run = submit(cluster, "killed", 400)
     took = timed(lambda: (run / "logs" / "metrics.jsonl").is_file(), 300, "training")
     say(f"job {job_id}: training {took:.1f} s after submission")
     host = (ready_note(run, 1) or {})["host"]
@@ -444,16 +440,9 @@ def test_a_sigkilled_node_fails_the_job_fast(cluster: TwoHosts, killed: Killed) 
     assert f"srun: error: {killed.host}: task 1: Killed" in raw, raw[-2000:]
 
 
-class NotNamedYet(AssertionError):
-    """What the xfail below expects, so a failure of anything else is still an error."""
-
-
-@pytest.mark.xfail(
-    raises=NotNamedYet,
-    reason="node 0 does not yet name a SIGKILLed peer (issue 23 section 3, another branch): "
-    "status cannot say which node died. Strict: passes, and so fails here, once that merges; "
-    "then drop this mark",
-)
 def test_a_sigkilled_node_is_named_by_status(killed: Killed) -> None:
-    if not re.search(r"FAILED\s+node 1\b", killed.status):
-        raise NotNamedYet(killed.status)
+    """Node 0 finds node 1's phase log without a word after Slurm ended the job and writes the
+    failure note node 1 could not; status reads it long after Slurm forgets the job."""
+    assert re.search(r"FAILED\s+node 1 during \w+: it ended without a word", killed.status), (
+        killed.status
+    )

@@ -29,7 +29,7 @@ QWEN_32B = {
     "num_attention_heads": 40,
     "num_hidden_layers": 64,
     "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-06,
+    "rms_norm_eps": 1e-05,  # Qwen2.5-32B-Instruct's; slime's qwen2.5-32B.sh: --norm-epsilon 1e-5
     "rope_scaling": None,
     "rope_theta": 1000000.0,
     "tie_word_embeddings": False,
@@ -127,9 +127,11 @@ def test_the_recipes_dry_run_reads_the_presets_from_the_wheel(
     (tmp_path / "models" / "reference").mkdir()
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text('{"prompt": "q", "label": "a"}\n')
+    (tmp_path / "secrets.env").write_text("DEEPDIVE_SERVICE_TOKEN=wheel-test-token\n")
+    (tmp_path / "secrets.env").chmod(0o600)
     overrides = {
         "container.image": '""',  # no image here: the job would run this Python
-        "services.env_file": '""',
+        "services.env_file": '"secrets.env"',  # the token the recipe's services.host needs
         "slime.model.hf_checkpoint": f'"{model}"',
         "slime.model.ref_load": f'"{tmp_path / "models" / "reference"}"',
     }
@@ -141,3 +143,4 @@ def test_the_recipes_dry_run_reads_the_presets_from_the_wheel(
     assert result.returncode == 0, result.stderr
     # the preset's architecture, from the wheel's slime_presets.json, in slime's command line
     assert "--num-layers 64" in result.stdout and "--hidden-size 5120" in result.stdout
+    assert "wheel-test-token" not in result.stdout + result.stderr  # the dry run names, not shows

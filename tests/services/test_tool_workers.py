@@ -178,10 +178,16 @@ def test_a_killed_worker_is_restarted_on_its_port_and_its_sessions_are_told_they
 
 
 def worker_pid(log: Path, index: int) -> int:
-    """The pid of worker `index` (its port is server.urls[index]), from its start-up line."""
-    found = re.findall(rf"worker_started worker={index} \S+ pid=(\d+)", log.read_text())
-    assert found, f"no start-up line of worker {index}"
-    return int(found[-1])
+    """The pid of worker `index` (its port is server.urls[index]), from its start-up line.
+
+    The line may reach the log after the worker answered /ready: a service's log handler
+    writes its lines in batches, up to 0.1 s late (services/logs.py BufferedStreamHandler)."""
+
+    def started() -> int | None:
+        found = re.findall(rf"worker_started worker={index} \S+ pid=(\d+)", log.read_text())
+        return int(found[-1]) if found else None
+
+    return wait_for(started, timeout_s=30, what=f"the start-up line of worker {index}")
 
 
 def port_of(url: str) -> int:

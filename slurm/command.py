@@ -50,7 +50,7 @@ def run_submit(args: argparse.Namespace) -> None:
         overrides.append(f"slurm.nodes={args.nodes}")
     config = load_experiment(args.config, overrides)
     if config.run.backend == "slime":
-        from slurm.slime_checks import check_slime
+        from slurm.backends.slime.checks import check_slime
 
         for warning in check_slime(config):
             print(f"warning: {warning}", file=sys.stderr)
@@ -263,7 +263,7 @@ def add_convert_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_convert_checkpoint(args: argparse.Namespace) -> None:
-    from slurm.conversion import executor_parameters, plan, submit
+    from slurm.backends.slime.conversion import executor_parameters, plan, submit
     from slurm.submit import sbatch_script
 
     config = load_experiment(args.config, args.overrides)

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from deepdive.local.config import LocalRunConfig, RunSection
 from services.typed_config import load_toml, require
+from slurm.backends.slime.config import SlimeSection
 from slurm.ports import TOOL_PORTS
-from slurm.slime_config import SlimeSection
 
 Backend = Literal["local", "slime"]
 

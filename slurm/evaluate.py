@@ -10,7 +10,7 @@ run's newest: RUN/final_model or its newest step checkpoint (local), the Hugging
 conversion of the newest complete training checkpoint (slime).
 
 SGLang serves each checkpoint with the context training used (`--context-length`,
-slurm/model_context.py): an episode longer than the checkpoint's config.json allows is refused
+slurm/backends/slime/model_context.py): an episode longer than the checkpoint's config.json allows is refused
 before SGLang starts, not turn by turn. The services get the env file's keys
 (`services.env_file`: the search keys, the service token) as training's nodes give them, and
 this process sends the file's token.
@@ -36,10 +36,15 @@ from services.logs import register_secret
 from services.process import ServiceProcess
 from services.secrets import TOKEN_ENV, load_env_file
 from slurm.backends import build_backend
+from slurm.backends.slime.args import sglang_context_length
+from slurm.backends.slime.model_context import (
+    check_episode_fits,
+    model_context,
+    read_config,
+    served_context,
+)
 from slurm.config import ExperimentConfig, local_run_config
 from slurm.eval_report import episode_row, print_table, summarize
-from slurm.model_context import check_episode_fits, model_context, read_config, served_context
-from slurm.slime_args import sglang_context_length
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ def resolve(config: ExperimentConfig, spec: str) -> Checkpoint:
             if not found:
                 raise ConfigError(f"--checkpoint latest: {run} has no checkpoint yet")
             return Checkpoint(f"latest ({found[-1].name})", found[-1], "step")
-        from slurm.conversion import converted, iteration_folder
+        from slurm.backends.slime.conversion import converted, iteration_folder
 
         number, _ = iteration_folder(config, "latest")
         path = converted(config) / f"iter_{number:07d}_hf"
@@ -140,7 +145,7 @@ def serve(
     """The checkpoint behind SGLang's /generate: (its URL, the tokenizer the rollout uses,
     or None when the rollout loads it from args.hf_checkpoint)."""
     if config.run.backend == "slime":
-        from slurm.sglang_server import sglang_server
+        from slurm.backends.slime.sglang_server import sglang_server
 
         context = check_served_context(config, checkpoint.path)
         tensor = config.slime.resources.rollout_num_gpus_per_engine

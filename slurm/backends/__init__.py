@@ -10,11 +10,13 @@ is slime's train.py with our hooks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from services.serving.workers import default_workers
-from slurm.config import ExperimentConfig
-from slurm.run_folder import AttemptFolder
+# light: slurm.config imports the slime backend's tables from this package (`deepdive status
+# --help` among others), so what is only needed at run time is imported there
+if TYPE_CHECKING:
+    from slurm.config import ExperimentConfig
+    from slurm.run_folder import AttemptFolder
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class ServiceSpec:
 
     def worker_count(self, cores: int | None) -> int:
         """Its processes on a node with `cores` CPUs (None: this process's affinity)."""
+        from services.serving.workers import default_workers
+
         if self.workers is None:
             return 1
         return self.workers or default_workers(cores)
@@ -79,7 +83,7 @@ class Backend(Protocol):
 
 def build_backend(config: ExperimentConfig) -> Backend:
     if config.run.backend == "slime":
-        from slurm.backends.slime import SlimeBackend
+        from slurm.backends.slime.backend import SlimeBackend
 
         return SlimeBackend(config)
     from slurm.backends.local import LocalBackend

@@ -24,14 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from services.exceptions import ServiceError
-from slurm.bootstrap import NodeBootstrap
-from slurm.config import ExperimentConfig
-from slurm.conversion import Conversion, plan, run_to_folder
-from slurm.environment import NodeInfo
-from slurm.run_folder import RunFolder, write_json
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
-from slurm.slime_config import (
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.config import (
     SlimeCheckpoint,
     SlimeModel,
     SlimeResources,
@@ -39,6 +34,11 @@ from slurm.slime_config import (
     SlimeSection,
     SlimeSGLang,
 )
+from slurm.backends.slime.conversion import Conversion, plan, run_to_folder
+from slurm.bootstrap import NodeBootstrap
+from slurm.config import ExperimentConfig
+from slurm.environment import NodeInfo
+from slurm.run_folder import RunFolder, write_json
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus

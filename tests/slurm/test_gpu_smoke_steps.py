@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.checks import check_slime
 from slurm.config import ExperimentConfig
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
 from slurm.smoke import (
     collective,
     collective_worker,

@@ -1,4 +1,4 @@
-"""The slime backend's config, argument builder and checks (slurm/slime_*.py): slime's
+"""The slime backend's config, argument builder and checks (slurm/backends/slime/): slime's
 command line against a recorded file, every emitted flag in slime's flag list, and each check
 with a failing example. slime cannot be installed here; the flag list comes from its parsers at
 the pinned commits (scripts/slime_flags.py)."""
@@ -17,11 +17,11 @@ import yaml
 
 from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
-from slurm.backends.slime import SlimeBackend
+from slurm.backends.slime.args import presets, render, slime_arguments
+from slurm.backends.slime.backend import SlimeBackend
+from slurm.backends.slime.checks import check_slime, slime_flags
 from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import AttemptFolder, RunFolder
-from slurm.slime_args import presets, render, slime_arguments
-from slurm.slime_checks import check_slime, slime_flags
 from tests.helpers import DEEPDIVE, SLIME_RECIPE
 from tests.helpers import slime_overrides as overrides
 from tests.helpers import slime_recipe as recipe

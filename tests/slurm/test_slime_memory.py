@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm.memory_estimate import estimate
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.memory_estimate import estimate
 from tests.helpers import DEEPDIVE, QWEN25_32B
 from tests.helpers import SLIME_RECIPE as RECIPE
 from tests.helpers import slime_overrides as overrides

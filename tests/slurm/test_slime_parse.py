@@ -4,8 +4,8 @@ TOML meant. slime cannot be installed in CI, so two records taken where it impor
 - golden/slime_parse.json (scripts/slime_parse.py): for every config in configs/ with backend
   "slime", the argv and what slime's own parsers made of it at 624b824 (and that its whole
   parse_args, validation included, accepted it);
-- slurm/slime_flags.json "parsers" (scripts/slime_flags.py): slime's four parsers, which
-  slurm/slime_replay.py rebuilds, so any argv (every variant of a config) is parsed here as
+- slurm/backends/slime/flags.json "parsers" (scripts/slime_flags.py): slime's four parsers, which
+  slurm/backends/slime/replay.py rebuilds, so any argv (every variant of a config) is parsed here as
   slime would parse it. The first record holds the replay to slime's own result.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from services.exceptions import ConfigError
+from slurm.backends.slime.args import max_tokens_per_gpu, slime_arguments
+from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.replay import replay
 from slurm.config import ExperimentConfig, load_experiment
-from slurm.slime_args import max_tokens_per_gpu, slime_arguments
-from slurm.slime_checks import check_slime
-from slurm.slime_replay import replay
 from tests.helpers import slime_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from slurm.slime_args import slime_arguments
+from slurm.backends.slime.args import slime_arguments
 from tests.helpers import slime_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

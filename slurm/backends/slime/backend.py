@@ -28,10 +28,10 @@ from deepdive.rollout_settings import NODES
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
 from slurm.backends import ServiceSpec
+from slurm.backends.slime.args import render, slime_arguments, slime_checkpoints
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
-from slurm.slime_args import render, slime_arguments, slime_checkpoints
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron writes it when a save is complete

@@ -2,8 +2,8 @@
 config key and what was expected:
 
 - every flag the argument builder emits, and every flag in `slime.extra_args`, exists at the
-  pinned commits (slurm/slime_flags.json: slime silently ignores a flag it does not know);
-- the whole argv parses as slime's own parsers parse it (slurm/slime_replay.py, rebuilt from
+  pinned commits (slurm/backends/slime/flags.json: slime silently ignores a flag it does not know);
+- the whole argv parses as slime's own parsers parse it (slurm/backends/slime/replay.py, rebuilt from
   the pin-time record): every value of the type and among the choices slime accepts, no token
   that no parser takes;
 - the batch identity slime asserts: rollout_batch_size x n_samples_per_prompt =
@@ -17,11 +17,11 @@ config key and what was expected:
   the fully-async rollout; services every node's rollout can reach when the job has more than
   one node;
 - every episode fits the context SGLang serves: max_context_len and the response budget
-  against config.json and --sglang-context-length (slurm/model_context.py), so no turn is
+  against config.json and --sglang-context-length (slurm/backends/slime/model_context.py), so no turn is
   refused and ABORTED.
 
 One estimate warns instead of refusing: a training GPU's memory (weights, gradients, Adam's
-states, activations, logits; slurm/memory_estimate.py) against slime.resources.gpu_memory_gb,
+states, activations, logits; slurm/backends/slime/memory_estimate.py) against slime.resources.gpu_memory_gb,
 with the arithmetic. check_slime returns those warnings for the caller to print.
 """
 
@@ -33,20 +33,21 @@ from typing import Any, NoReturn
 
 from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
 from services.exceptions import ConfigError
-from slurm.config import ExperimentConfig
-from slurm.memory_estimate import estimate
-from slurm.model_context import (
+from slurm.backends.slime import DATA_PACKAGE
+from slurm.backends.slime.args import architecture, presets, slime_arguments
+from slurm.backends.slime.memory_estimate import estimate
+from slurm.backends.slime.model_context import (
     check_episode_fits,
     check_trainer_rope,
     model_context,
     read_config,
     served_context,
 )
+from slurm.backends.slime.replay import replay
+from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
-from slurm.slime_args import architecture, presets, slime_arguments
-from slurm.slime_replay import replay
 
-FLAGS = "slime_flags.json"  # in the package (slurm/package_data.py reads it)
+FLAGS = "flags.json"  # in this package (slurm/package_data.py reads it)
 # a model's config.json key -> the Megatron flag that must say the same
 CONFIG_KEYS = {
     "num_hidden_layers": "--num-layers",
@@ -67,11 +68,11 @@ REFUSED = {
 
 @cache
 def slime_flags() -> dict[str, list[str]]:
-    return dict(read_json(FLAGS)["flags"])
+    return dict(read_json(DATA_PACKAGE, FLAGS)["flags"])
 
 
 def flag_sources() -> dict[str, Any]:
-    return dict(read_json(FLAGS)["sources"])
+    return dict(read_json(DATA_PACKAGE, FLAGS)["sources"])
 
 
 def _fail(key: str, message: str) -> NoReturn:
@@ -149,7 +150,7 @@ def _read_model_config(config: ExperimentConfig) -> dict[str, Any]:
 
 
 def _check_context(config: ExperimentConfig, args: dict[str, str], hf: dict[str, Any]) -> None:
-    """Every turn of every episode is a request SGLang serves (slurm/model_context.py)."""
+    """Every turn of every episode is a request SGLang serves (slurm/backends/slime/model_context.py)."""
     slime = config.slime
     model = model_context(hf, str(Path(slime.model.hf_checkpoint) / "config.json"))
     # the configured one (0: SGLang derives it); the argv then passes max_context_len

@@ -28,9 +28,10 @@ from deepdive.rollout_settings import (
     ROLLOUT_LOG_FUNCTION_PATH,
     RolloutSettings,
 )
+from slurm.backends.slime import DATA_PACKAGE
+from slurm.backends.slime.config import SlimeSection
 from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
-from slurm.slime_config import SlimeSection
 
 # what slime's 32B examples pass to keep Adam's states in CPU memory (scripts/run-qwen3-32B.sh;
 # Megatron asserts the precision-aware optimizer with it, megatron/training/arguments.py:1189)
@@ -46,7 +47,7 @@ DYNAMIC_FILTERS = {
     (False, True): "drop_failed_groups",
     (True, True): "drop_uniform_or_failed_groups",
 }
-PRESETS = "slime_presets.json"  # in the package (slurm/package_data.py reads it)
+PRESETS = "presets.json"  # in this package (slurm/package_data.py reads it)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class SlimeCommand:
 
 
 def presets() -> dict[str, Any]:
-    return dict(read_json(PRESETS)["presets"])
+    return dict(read_json(DATA_PACKAGE, PRESETS)["presets"])
 
 
 def architecture(slime: SlimeSection) -> list[str]:

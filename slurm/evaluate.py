@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from deepdive.rollout_settings import RolloutSettings, rollout_args
+from deepdive.rollout_settings import RolloutKnobs, RolloutSettings, rollout_args
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
 from services.logs import register_secret
@@ -185,30 +185,14 @@ def check_served_context(config: ExperimentConfig, model: Path) -> int:
     return sglang_context_length(slime)  # what training's SGLang served (<= `served`)
 
 
-def rollout_limits(config: ExperimentConfig) -> tuple[RolloutSettings, int]:
-    """The episode limits training uses (max turns, context, malformed policy) and the
-    response budget, for a URL-less settings template."""
+def rollout_limits(config: ExperimentConfig) -> tuple[RolloutKnobs, int, int]:
+    """What training's rollout uses: its knobs (max turns, malformed policy, timeouts, retries),
+    the episode's context and the response budget."""
     if config.run.backend == "local":
         rollout = local_run_config(config).rollout
-        template = RolloutSettings(
-            sglang_url="http://x",
-            tool_server_url="http://x",
-            reward_server_url="http://x",
-            max_turns=rollout.max_turns,
-            max_context_tokens=rollout.max_context_tokens,
-            on_malformed=rollout.on_malformed,
-        )
-        return template, rollout.max_response_tokens
+        return rollout.knobs(), rollout.max_context_tokens, rollout.max_response_tokens
     slime = config.slime
-    template = RolloutSettings(
-        sglang_url="http://x",
-        tool_server_url="http://x",
-        reward_server_url="http://x",
-        max_turns=slime.deepdive.max_turns,
-        max_context_tokens=slime.rollout.max_context_len,
-        on_malformed=slime.deepdive.on_malformed,
-    )
-    return template, slime.rollout.max_response_len
+    return slime.deepdive.knobs(), slime.rollout.max_context_len, slime.rollout.max_response_len
 
 
 def evaluate(
@@ -220,24 +204,25 @@ def evaluate(
     out: Path,
     console: Console,
 ) -> dict[str, dict[str, Any]]:
-    from dataclasses import replace
-
     from deepdive.local.episodes import rollout_batch
 
     if config.run.backend == "slime":  # before anything starts: each checkpoint's context
         for checkpoint in checkpoints:
             check_served_context(config, checkpoint.path)
-    template, budget = rollout_limits(config)
+    knobs, context, budget = rollout_limits(config)
     params = {"max_new_tokens": budget, "temperature": temperature, "top_p": 1.0}
     summaries: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
     with services(config, out / "logs") as urls:
         for checkpoint in checkpoints:
             with serve(config, checkpoint, out / "logs") as (sglang, tokenizer):
-                settings = replace(
-                    template, sglang_url=sglang, tool_server_url=urls["tools"],
+                settings = RolloutSettings.of(
+                    knobs,
+                    sglang_url=sglang,
+                    tool_server_url=urls["tools"],
                     reward_server_url=urls["reward"],
-                )  # fmt: skip
+                    max_context_tokens=context,
+                )
                 args = rollout_args(settings, tokenizer)
                 if tokenizer is None:
                     args.hf_checkpoint = str(checkpoint.path)

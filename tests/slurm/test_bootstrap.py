@@ -142,9 +142,10 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
         bootstrap._stop_children()
     workers = [f"http://127.0.0.1:{port}" for port in (ports.tools, ports.tools + 1)]
     assert urls == {"tools": ",".join(workers), "reward": f"http://127.0.0.1:{ports.reward}"}
-    assert RolloutSettings("http://s:1", urls["tools"], urls["reward"]).tool_server_urls == tuple(
-        workers
+    settings = RolloutSettings(
+        sglang_url="http://s:1", tool_server_url=urls["tools"], reward_server_url=urls["reward"]
     )
+    assert settings.tool_server_urls == tuple(workers)
 
 
 def bootstrap_at(tmp_path: Path, node: int, clock: FakeClock, cpus: int = 2) -> NodeBootstrap:

@@ -3,11 +3,14 @@ naming the key and what it expects (as the CLI prints it: one line, exit code 2)
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
+from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
 from slurm.preflight import missing_inputs, require_inputs
@@ -31,6 +34,19 @@ def test_the_shipped_experiment_loads_with_absolute_paths() -> None:
     )
     assert config.slurm.nodes == 2 and config.run.backend == "local"
     assert local_run_config(config).run.out == config.run.folder  # the backend writes there
+
+
+def test_both_backends_take_the_rollouts_knobs_with_one_set_of_defaults() -> None:
+    """[slime.deepdive], [local.rollout] and what the hook reads when slime's args do not
+    say: the same keys, the same defaults (they were 300 s and 5 retries, no key at all, and
+    120 s and 3 retries)."""
+    config = ExperimentConfig()
+    slime = dataclasses.asdict(config.slime.deepdive)
+    local = dataclasses.asdict(config.local.rollout)
+    assert {key: local.get(key) for key in slime} == slime
+    urls = {f"deepdive_{name}_url": f"http://{name}:1" for name in ("sglang", "tool_server")}
+    read = settings_from_args(Namespace(**urls, deepdive_reward_server_url="http://r:1"))
+    assert {key: getattr(read, key) for key in slime} == slime
 
 
 def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
@@ -69,6 +85,14 @@ def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
         ('[local.run]\nout = "elsewhere"\n', "local.run.out: expected left unset"),
         ("[local.grpo]\nlr = -1\n", "grpo.lr: expected a positive number"),
         ("[local.grpo]\nstepz = 1\n", "[local.grpo]: unknown key 'stepz'"),
+        # the rollout's knobs: checked at load, under the key of the table that holds them
+        (
+            "[slime.deepdive]\ntool_timeout_s = 0\n",
+            "slime.deepdive.tool_timeout_s: expected a positive number",
+        ),
+        ("[slime.deepdive]\nretries = -1\n", "slime.deepdive.retries: expected a whole number"),
+        ("[local.rollout]\nreward_timeout_s = 0\n", "rollout.reward_timeout_s: expected a pos"),
+        ("[local.rollout]\nmax_aborted_share = 2\n", "rollout.max_aborted_share: expected a"),
         ("[run]\n", "Cannot declare"),  # a table written twice is not TOML
     ],
 )

@@ -110,7 +110,7 @@ def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str,
     settings = settings_from_args(args)
     assert settings.sglang_url == "http://10.0.0.1:30000"
     assert (settings.tool_server_url, settings.reward_server_url) == (urls["tools"], urls["reward"])
-    assert (settings.max_turns, settings.on_malformed, settings.retries) == (64, "fail", 5)
+    assert (settings.max_turns, settings.on_malformed, settings.retries) == (64, "fail", 4)
 
 
 def cluster_note(attempt: AttemptFolder, nodes: list[tuple[list[str], str]]) -> None:

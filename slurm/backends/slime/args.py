@@ -26,7 +26,7 @@ from deepdive.rollout_settings import (
     GENERATE_FUNCTION_PATH,
     REWARD_FUNCTION_PATH,
     ROLLOUT_LOG_FUNCTION_PATH,
-    RolloutSettings,
+    slime_custom_config,
 )
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.backends.slime.config import SlimeSection
@@ -261,23 +261,13 @@ def slime_arguments(
 
 
 def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[str, Any]:
-    """Our rollout's keys as slime sets them on `args` (deepdive.rollout_settings); SGLang is
-    slime's router, the rollout's default."""
-    hook = config.slime.deepdive
-    settings = RolloutSettings(
-        sglang_url="http://router.invalid",  # not written: the router is the default
-        tool_server_url=services["tools"],
-        reward_server_url=services["reward"],
-        max_turns=hook.max_turns,
-        max_context_tokens=config.slime.rollout.max_context_len,
-        on_malformed=hook.on_malformed,
-        tool_timeout_s=hook.tool_timeout_s,
-        reward_timeout_s=hook.reward_timeout_s,
-        generate_timeout_s=hook.generate_timeout_s,
-        retries=hook.retries,
-        max_aborted_share=hook.max_aborted_share,
+    """The --custom-config-path YAML: our rollout's keys as slime sets them on `args`
+    (deepdive.rollout_settings) with the services' URLs; SGLang is slime's router, the
+    rollout's default."""
+    slime = config.slime
+    return slime_custom_config(
+        slime.deepdive, slime.rollout.max_context_len, services["tools"], services["reward"]
     )
-    return settings.as_slime_config()
 
 
 def render(command: SlimeCommand, train_py: str) -> str:

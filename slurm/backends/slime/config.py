@@ -25,8 +25,9 @@ What only the slime backend needs (a model, prompt data) is checked when the bac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
+from deepdive.rollout_settings import RolloutKnobs
 from services.typed_config import require
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_plus_plus"]
@@ -295,20 +296,11 @@ class SlimeMisc:
 
 
 @dataclass(frozen=True)
-class SlimeDeepDive:
-    """Our rollout's keys (deepdive.rollout_settings), in the --custom-config-path YAML."""
+class SlimeDeepDive(RolloutKnobs):
+    """Our rollout's knobs (deepdive.rollout_settings.RolloutKnobs: the keys, the defaults and
+    why), in the --custom-config-path YAML."""
 
-    max_turns: int = 64
-    on_malformed: Literal["fail", "continue"] = "fail"
-    tool_timeout_s: float = 300.0
-    reward_timeout_s: float = 600.0
-    generate_timeout_s: float = 1800.0
-    retries: int = 5
-    max_aborted_share: float = 0.5  # a rollout with more episodes ABORTED stops the run
-
-    def __post_init__(self) -> None:
-        share = self.max_aborted_share
-        require(0 <= share <= 1, "slime.deepdive.max_aborted_share", "from 0 to 1", share)
+    KEYS: ClassVar[str] = "slime.deepdive."
 
 
 @dataclass(frozen=True)

@@ -108,13 +108,13 @@ def launcher_argv(config_file: Path, root: Path) -> list[str]:
     beside it, which slime reads)."""
     import yaml
 
-    from slurm.backends.slime.args import slime_arguments
+    from slurm.backends.slime.args import custom_config, slime_arguments
     from slurm.config import load_experiment
 
     overrides = [item.replace(WORLD, str(root)) for item in OVERRIDES]
     config = load_experiment(config_file, overrides)
-    command = slime_arguments(config, root / CUSTOM_CONFIG, URLS)
-    (root / CUSTOM_CONFIG).write_text(yaml.safe_dump(command.custom_config))
+    command = slime_arguments(config, root / CUSTOM_CONFIG)
+    (root / CUSTOM_CONFIG).write_text(yaml.safe_dump(custom_config(config, URLS)))
     return command.arguments()
 
 

@@ -104,8 +104,7 @@ def recipe(
         deepdive=dataclasses.replace(section.deepdive, max_turns=4),
     )
     probe = dataclasses.replace(config, slime=section)
-    urls = {"tools": "http://tools.invalid", "reward": "http://reward.invalid"}
-    emitted = slime_arguments(probe, folder / "probe.yaml", urls).flags()
+    emitted = slime_arguments(probe, folder / "probe.yaml").flags()
     wanted = [*REFERENCE_FLAGS, (GPUS_PER_NODE_FLAG, str(gpus))]
     extra = [item for flag in wanted if flag[0] not in emitted for item in flag]
     section = dataclasses.replace(section, extra_args=extra)

@@ -352,8 +352,7 @@ def test_the_slime_recipe_passes_the_launchers_checks_and_follows_slimes_script(
 ) -> None:
     config = smoke_recipe(tmp_path)
     check_slime(config)  # what `deepdive submit` refuses, the kit's run would too
-    urls = {"tools": "http://t.invalid", "reward": "http://r.invalid"}
-    argv = values(slime_arguments(config, tmp_path / "c.yaml", urls).arguments())
+    argv = values(slime_arguments(config, tmp_path / "c.yaml").arguments())
     # slime's scripts/run-qwen2.5-0.5B-reproducibility.sh (624b824), where this run keeps it
     reference = {
         "--rollout-num-gpus-per-engine": "1", "--colocate": "", "--calculate-per-token-loss": "",
@@ -378,7 +377,7 @@ def test_the_slime_recipe_passes_the_launchers_checks_and_follows_slimes_script(
     assert config.slurm.nodes == 1 and config.services.host == "127.0.0.1"
     assert config.services.tools[-1] == "c.jsonl" and config.run.backend == "slime"
     # each flag once, whatever the builder emits itself
-    flags = [item for item in slime_arguments(config, tmp_path / "c.yaml", urls).arguments()
+    flags = [item for item in slime_arguments(config, tmp_path / "c.yaml").arguments()
              if item.startswith("--")]  # fmt: skip
     assert len(flags) == len(set(flags))
 

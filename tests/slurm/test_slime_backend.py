@@ -17,7 +17,7 @@ import yaml
 
 from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
-from slurm.backends.slime.args import presets, render, slime_arguments
+from slurm.backends.slime.args import custom_config, presets, render, slime_arguments
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.checks import check_slime, slime_flags
 from slurm.preflight import missing_inputs, require_inputs
@@ -45,11 +45,7 @@ def check(name: str, text: str) -> None:
 def test_the_recipe_passes_every_check_and_renders_as_recorded(world: dict[str, Path]) -> None:
     config = recipe(world)
     check_slime(config)
-    command = slime_arguments(
-        config,
-        Path("/run/attempt/deepdive_rollout.yaml"),
-        {"tools": "http://10.0.0.1:20010", "reward": "http://10.0.0.1:20011"},
-    )
+    command = slime_arguments(config, Path("/run/attempt/deepdive_rollout.yaml"))
     check("slime_command.txt", placeholders(render(command, "/opt/slime/train.py"), world) + "\n")
     # the hooks are ours, the run folder holds the checkpoints, no --group-rm, ever
     arguments = command.arguments()
@@ -85,9 +81,7 @@ def test_every_emitted_flag_is_a_flag_of_slime(world: dict[str, Path]) -> None:
         "slime.parallelism.recompute_num_layers=1",
         "slime.sglang.context_length=65536",
     )
-    command = slime_arguments(
-        config, Path("/x.yaml"), {"tools": "http://a/", "reward": "http://b/"}
-    )
+    command = slime_arguments(config, Path("/x.yaml"))
     unknown = [flag for flag in command.flags() if flag not in slime_flags()]
     assert not unknown
     assert "--dynamic-sampling-filter-path" in command.flags()
@@ -97,8 +91,7 @@ def test_every_emitted_flag_is_a_flag_of_slime(world: dict[str, Path]) -> None:
 def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str, Path]) -> None:
     config = recipe(world)
     urls = {"tools": "http://10.0.0.1:20010", "reward": "http://10.0.0.1:20011"}
-    command = slime_arguments(config, Path("/x.yaml"), urls)
-    written = yaml.safe_load(yaml.safe_dump(command.custom_config))
+    written = yaml.safe_load(yaml.safe_dump(custom_config(config, urls)))
     assert "deepdive_sglang_url" not in written  # inside slime: its router
     # slime sets every key of the file on args (slime/utils/arguments.py, lines 2013-2019)
     args = Namespace(

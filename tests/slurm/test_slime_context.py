@@ -21,8 +21,6 @@ from slurm.evaluate import Checkpoint, evaluate
 from tests.helpers import QWEN25_32B
 from tests.helpers import slime_recipe as recipe
 
-URLS = {"tools": "http://a/", "reward": "http://b/"}
-
 
 def flag(arguments: list[str], name: str) -> str:
     return arguments[arguments.index(name) + 1]
@@ -39,7 +37,7 @@ def test_the_recipe_asks_for_the_context_the_model_serves_and_tells_sglang(
 ) -> None:
     config = recipe(world)
     assert check_slime(config) == []
-    arguments = slime_arguments(config, Path("/x.yaml"), URLS).arguments()
+    arguments = slime_arguments(config, Path("/x.yaml")).arguments()
     assert flag(arguments, "--rollout-max-context-len") == "32768"
     assert flag(arguments, "--sglang-context-length") == "32768"  # pinned, not SGLang's guess
     assert int(flag(arguments, "--rollout-max-response-len")) <= 32768
@@ -80,7 +78,7 @@ def test_a_longer_model_context_is_used_as_far_as_asked(world: dict[str, Path]) 
     write_model(world["model"], max_position_embeddings=131072)
     config = recipe(world, "slime.rollout.max_context_len=65536")
     check_slime(config)  # refuses nothing (it warns of memory at twice the tokens)
-    arguments = slime_arguments(config, Path("/x.yaml"), URLS).arguments()
+    arguments = slime_arguments(config, Path("/x.yaml")).arguments()
     assert flag(arguments, "--sglang-context-length") == "65536"
 
 

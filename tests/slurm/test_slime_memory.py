@@ -33,9 +33,7 @@ PARAMETERS = 64 * (5120 * 128 * 96 + 3 * 5120 * 27648) + 2 * 152064 * 5120
 
 
 def test_the_recipe_passes_slimes_32b_memory_settings(world: dict[str, Path]) -> None:
-    arguments = slime_arguments(
-        recipe(world), Path("/x.yaml"), {"tools": "http://a/", "reward": "http://b/"}
-    ).arguments()
+    arguments = slime_arguments(recipe(world), Path("/x.yaml")).arguments()
     for flag, value in (
         ("--recompute-granularity", "full"),
         ("--recompute-method", "uniform"),

@@ -89,7 +89,5 @@ def test_a_4_gpu_node_tells_slime_it_has_4(world: dict[str, Path]) -> None:
         "slime.resources.rollout_num_gpus=8",
     )
     check_slime(config)
-    arguments = slime_arguments(
-        config, Path("/x.yaml"), {"tools": "http://a/", "reward": "http://b/"}
-    ).arguments()
+    arguments = slime_arguments(config, Path("/x.yaml")).arguments()
     assert arguments[arguments.index("--num-gpus-per-node") + 1] == "4"

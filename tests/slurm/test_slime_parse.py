@@ -40,7 +40,6 @@ RERECORD = (
 # set by Megatron-LM's parse_args after parsing, from RANK and WORLD_SIZE
 # (megatron/training/arguments.py, lines 113-114), not by any flag
 FROM_ENVIRONMENT = {"rank", "world_size"}
-URLS = {"tools": "http://a/", "reward": "http://b/"}
 
 
 def recorded_world(root: Path) -> None:
@@ -57,7 +56,7 @@ def load(name: str, root: Path, *extra: str) -> ExperimentConfig:
 
 
 def argv(config: ExperimentConfig, root: Path) -> list[str]:
-    command = slime_arguments(config, root / "deepdive_rollout.yaml", RECORD["world"]["urls"])
+    command = slime_arguments(config, root / "deepdive_rollout.yaml")
     return command.arguments()
 
 
@@ -150,7 +149,7 @@ def test_slime_reads_the_values_the_toml_meant(name: str, tmp_path: Path) -> Non
 def test_eval_sets_arrive_as_one_list_of_names_and_paths(world: dict[str, Path]) -> None:
     sets = f'{{ bc = "{world["prompts"]}", web = "{world["prompts"]}" }}'
     config = slime_recipe(world, f"slime.eval.sets={sets}", "slime.eval.interval=5")
-    arguments = slime_arguments(config, Path("/x.yaml"), URLS)
+    arguments = slime_arguments(config, Path("/x.yaml"))
     namespace = replay(arguments.arguments()).namespace
     path = str(world["prompts"])
     assert namespace["eval_prompt_data"] == ["bc", path, "web", path]
@@ -158,9 +157,7 @@ def test_eval_sets_arrive_as_one_list_of_names_and_paths(world: dict[str, Path])
 
 
 def test_the_extra_args_arrive_as_their_flags_mean(world: dict[str, Path]) -> None:
-    namespace = replay(
-        slime_arguments(slime_recipe(world), Path("/x.yaml"), URLS).arguments()
-    ).namespace
+    namespace = replay(slime_arguments(slime_recipe(world), Path("/x.yaml")).arguments()).namespace
     assert namespace["check_for_nan_in_loss_and_grad"] is False  # --no-check-for-nan-...
     assert namespace["override_opt_param_scheduler"] is True
 

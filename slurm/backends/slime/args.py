@@ -1,7 +1,9 @@
 """From an experiment to slime's command line: a pure function of the config (golden-tested,
-printed by --dry-run), grouped as slime's own launch scripts group their flags, plus the
---custom-config-path YAML that carries our rollout's keys onto slime's `args`
-(slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`).
+printed by --dry-run), grouped as slime's own launch scripts group their flags; and, apart
+from it, the --custom-config-path YAML that carries our rollout's keys onto slime's `args`
+(slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`). The
+argv names only the YAML's path, so it is built without any URL; the YAML needs the cluster's
+services (every node's URLs), known only once every node is ready.
 
 The hooks are always ours: --custom-generate-function-path and --custom-rm-path (the reward
 server's batch endpoint with aliases and the episode's flags; slime's remote_rm would lose
@@ -53,7 +55,6 @@ PRESETS = "presets.json"  # in this package (slurm/package_data.py reads it)
 @dataclass(frozen=True)
 class SlimeCommand:
     groups: list[tuple[str, list[str]]]  # (the group's name, its arguments)
-    custom_config: dict[str, Any]  # the --custom-config-path YAML
 
     def arguments(self) -> list[str]:
         return [item for _, items in self.groups for item in items]
@@ -97,11 +98,9 @@ def slime_checkpoints(config: ExperimentConfig) -> Path:
     return Path(config.run.folder) / "slime_checkpoints"
 
 
-def slime_arguments(
-    config: ExperimentConfig, custom_config_path: Path, services: dict[str, str]
-) -> SlimeCommand:
-    """slime's argument list and the YAML beside it. `services` are the URLs the rollout
-    reaches the tool and reward servers at (node 0's)."""
+def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> SlimeCommand:
+    """slime's argument list, which reads our rollout's keys from `custom_config_path` (the
+    YAML `custom_config` makes)."""
     slime = config.slime
     model, rollout, algorithm = slime.model, slime.rollout, slime.algorithm
     optimizer, sglang, parallel = slime.optimizer, slime.sglang, slime.parallelism
@@ -257,13 +256,13 @@ def slime_arguments(
     groups.append(("LOGGING_ARGS", ["--use-tensorboard"]))
     if slime.extra_args:
         groups.append(("EXTRA_ARGS", list(slime.extra_args)))
-    return SlimeCommand(groups, custom_config(config, services))
+    return SlimeCommand(groups)
 
 
 def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[str, Any]:
     """The --custom-config-path YAML: our rollout's keys as slime sets them on `args`
-    (deepdive.rollout_settings) with the services' URLs; SGLang is slime's router, the
-    rollout's default."""
+    (deepdive.rollout_settings) with `services`, the URLs the rollout reaches every node's
+    tool and reward servers at; SGLang is slime's router, the rollout's default."""
     slime = config.slime
     return slime_custom_config(
         slime.deepdive, slime.rollout.max_context_len, services["tools"], services["reward"]

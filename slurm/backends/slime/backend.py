@@ -28,7 +28,12 @@ from deepdive.rollout_settings import NODES
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
 from slurm.backends import ServiceSpec
-from slurm.backends.slime.args import render, slime_arguments, slime_checkpoints
+from slurm.backends.slime.args import (
+    custom_config,
+    render,
+    slime_arguments,
+    slime_checkpoints,
+)
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
@@ -85,20 +90,13 @@ class SlimeBackend:
     def before_training(self, attempt: AttemptFolder) -> None:
         """The YAML slime loads onto `args`: our rollout's keys, every node's service URLs
         (from the attempt's cluster.json)."""
-        services = cluster_services(attempt.cluster)
-        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, services)
-        atomic_write_bytes(
-            attempt.root / CUSTOM_CONFIG, yaml.safe_dump(command.custom_config).encode()
-        )
+        keys = custom_config(self.config, cluster_services(attempt.cluster))
+        atomic_write_bytes(attempt.root / CUSTOM_CONFIG, yaml.safe_dump(keys).encode())
 
     def command(self, attempt: AttemptFolder) -> list[str]:
         python = self.config.container.python if self.config.container.image else sys.executable
         train = str(Path(self.config.slime.slime_root) / "train.py")
-        urls = {
-            "tools": "http://tools.invalid",
-            "reward": "http://reward.invalid",
-        }  # in the YAML only
-        arguments = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls).arguments()
+        arguments = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG).arguments()
         return [python, train, *arguments]
 
     def working_directory(self) -> str | None:
@@ -113,17 +111,18 @@ class SlimeBackend:
         return f"iteration {iteration} ({tracker.parent})"
 
     def describe(self, attempt: AttemptFolder) -> str:
-        """What --dry-run prints: the grouped command line and the YAML."""
+        """What --dry-run prints: the grouped command line and the YAML, every node's URLs in
+        it shown as the node and its ports' names (they are known once every node is up)."""
         nodes = range(self.config.slurm.nodes)
         urls = {
             "tools": ";".join(f"http://NODE{node}:TOOLS_PORT" for node in nodes),
             "reward": ",".join(f"http://NODE{node}:REWARD_PORT" for node in nodes),
         }
-        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls)
+        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG)
         train = str(Path(self.config.slime.slime_root) / "train.py")
         return (
             f"{render(command, train)}\n\n# {attempt.root / CUSTOM_CONFIG}\n"
-            f"{yaml.safe_dump(command.custom_config)}"
+            f"{yaml.safe_dump(custom_config(self.config, urls))}"
         )
 
 

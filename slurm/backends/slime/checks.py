@@ -84,9 +84,7 @@ def check_slime(config: ExperimentConfig) -> list[str]:
     slime = config.slime
     _check_required(config)
     _check_extra_args(slime.extra_args)
-    emitted = slime_arguments(
-        config, Path("/run/deepdive.yaml"), {"tools": "http://n/", "reward": "http://n/"}
-    )
+    emitted = slime_arguments(config, Path("/run/deepdive.yaml"))
     _check_rollout_function(emitted.arguments())
     known = slime_flags()
     for flag in emitted.flags():

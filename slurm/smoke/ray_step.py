@@ -4,8 +4,9 @@ port plan, Ray head and workers with the backend's environment, services and joi
 trainer is the probe (slurm.smoke.ray_probe): Ray sees every node's GPUs and deepdive_node_K,
 and GPU actors with their own runtime envs start on every node.
 
-A slime experiment's tool server reads a small offline world here (node 0 writes it before
-any service starts, as a backend's data), so the step needs no key and no network.
+The `[services]` tool server (what slime's backend serves) reads a small offline world here
+(node 0 writes it before any service starts, as a backend's data), so the step needs no key
+and no network; a backend that serves its own world (local) leaves it unread.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from slurm.backends import Backend, ServiceSpec
+from slurm.backends import Backend, EvalEngine, ServiceSpec
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig
 from slurm.environment import NodeInfo
@@ -36,6 +37,18 @@ class ProbeBackend:
         self.delegate = delegate
         self.probe = command
         self.world_folder = world_folder
+
+    def check(self) -> list[str]:
+        return self.delegate.check()
+
+    def check_continues(self, saved: ExperimentConfig) -> None:
+        self.delegate.check_continues(saved)
+
+    def missing_inputs(self) -> list[str]:
+        return self.delegate.missing_inputs()
+
+    def eval_engine(self) -> EvalEngine:
+        return self.delegate.eval_engine()
 
     def prepare(self) -> dict[str, Any]:
         if self.world_folder is not None:
@@ -121,11 +134,8 @@ def bootstrap_checks(
 
 def run(context: SmokeContext) -> list[Check]:
     folder = context.step_folder("3-ray") / "run"
-    tools = None
-    world_folder = None
-    if context.config.run.backend == "slime":
-        world_folder = folder / "world"
-        tools = world.SmokeWorld(world_folder).tools_arguments()
+    world_folder = folder / "world"
+    tools = world.SmokeWorld(world_folder).tools_arguments()
     config = step_config(context.config, folder, tools)
     result = folder / "probe.json"
     node = context.node

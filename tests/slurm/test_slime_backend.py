@@ -13,13 +13,16 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import tomli_w
 import yaml
 
 from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
+from slurm.backends import build_backend
 from slurm.backends.slime.args import custom_config, presets, render, slime_arguments
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.checks import check_slime, slime_flags
+from slurm.command import check_same_run
 from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import AttemptFolder, RunFolder
 from tests.helpers import DEEPDIVE, SLIME_RECIPE
@@ -341,3 +344,58 @@ def test_the_recipe_without_its_files_fails_before_anything_is_submitted(tmp_pat
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "container.image" in result.stderr  # the first file the recipe names
+
+
+def test_a_run_folder_continues_only_the_run_it_was_started_with(world: dict[str, Path]) -> None:
+    """The backend says what its checkpoints fix (slime: the model and the layout); another
+    backend never continues a folder."""
+    config = recipe(world)
+    run = RunFolder(config.folder)
+    run.root.mkdir(parents=True)
+    run.config.write_text(tomli_w.dumps(config.as_dict()))
+    check_same_run(recipe(world, "slime.rollout.num_rollout=10"), run)  # the same run
+    with pytest.raises(ConfigError, match=r"started with another slime.parallelism: its check"):
+        check_same_run(recipe(world, "slime.parallelism.tensor=8"), run)
+    with pytest.raises(ConfigError, match=r"holds a slime run: run.backend = 'local' needs"):
+        check_same_run(recipe(world, 'run.backend="local"'), run)
+
+
+def test_eval_plays_trainings_episodes_with_the_backends_engine(world: dict[str, Path]) -> None:
+    """Each backend's engine: what a checkpoint is, and training's knobs, context and response
+    budget (evaluation used the hook's own defaults for the timeouts and retries before)."""
+    slime = build_backend(recipe(world, "slime.deepdive.tool_timeout_s=42")).eval_engine()
+    assert slime.description.startswith("SGLang")
+    played = slime.rollout()
+    assert (played.knobs.tool_timeout_s, played.knobs.retries) == (42, 4)
+    assert (played.max_context_tokens, played.max_response_tokens) == (32768, 32768)
+    assert slime.resolve(str(world["model"])).kind == "hf"
+    with pytest.raises(ConfigError, match=r"not a Hugging Face model folder \(config.json\)$"):
+        slime.resolve(str(world["root"]))  # a training checkpoint is not served: converted first
+    local = build_backend(recipe(world, 'run.backend="local"', "local.rollout.retries=1"))
+    engine = local.eval_engine()
+    assert engine.description == "the local engine"
+    assert (engine.rollout().knobs.retries, engine.rollout().max_response_tokens) == (1, 512)
+    with pytest.raises(ConfigError, match=r"nor a training checkpoint \(state.pt\)"):
+        engine.resolve(str(world["root"]))
+
+
+def test_eval_and_convert_checkpoint_are_the_backends_own(world: dict[str, Path]) -> None:
+    model = str(world["model"])
+    rows = world["root"] / "eval.jsonl"
+    rows.write_text('{"input_messages": [], "label": "x"}\n')
+    eval_dry_run = subprocess.run(
+        [*DEEPDIVE, "eval", str(RECIPE), "--checkpoint", model, "--data", str(rows),
+         "--dry-run", *[item for value in overrides(world) for item in ("--set", value)]],
+        capture_output=True, text=True, timeout=60, cwd=world["root"],
+    )  # fmt: skip
+    assert eval_dry_run.returncode == 0, eval_dry_run.stderr
+    served = (
+        f"Qwen2.5-32B-Instruct: {model} (hf), served by SGLang (python -m sglang.launch_server)"
+    )
+    assert served in eval_dry_run.stdout
+    local = subprocess.run(
+        [*DEEPDIVE, "convert-checkpoint", "to-hf", str(ROOT / "configs" / "cluster-local.toml"),
+         "--dry-run"],
+        capture_output=True, text=True, timeout=60, cwd=world["root"],
+    )  # fmt: skip
+    assert local.returncode == 2 and "convert-checkpoint converts slime checkpoints" in local.stderr

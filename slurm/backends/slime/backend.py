@@ -27,18 +27,21 @@ import yaml
 from deepdive.rollout_settings import NODES
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
-from slurm.backends import ServiceSpec
+from slurm.backends import EvalEngine, ServiceSpec
 from slurm.backends.slime.args import (
     custom_config,
     render,
     slime_arguments,
     slime_checkpoints,
 )
+from slurm.backends.slime.checks import check_slime, missing_inputs
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
+# what a run's checkpoints fix: another model or layout cannot load them
+CHECKPOINT_FIXED = ("model", "parallelism")
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron writes it when a save is complete
 
 
@@ -48,6 +51,30 @@ class SlimeBackend:
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
+
+    def check(self) -> list[str]:
+        return check_slime(self.config)
+
+    def check_continues(self, saved: ExperimentConfig) -> None:
+        """Another model or layout cannot load the run's checkpoints."""
+        changed = [
+            f"slime.{table}"
+            for table in CHECKPOINT_FIXED
+            if getattr(saved.slime, table) != getattr(self.config.slime, table)
+        ]
+        if changed:
+            raise ConfigError(
+                f"{self.config.run.folder} was started with another {', '.join(changed)}: its "
+                "checkpoints would not load; choose another run.folder"
+            )
+
+    def missing_inputs(self) -> list[str]:
+        return missing_inputs(self.config)
+
+    def eval_engine(self) -> EvalEngine:
+        from slurm.backends.slime.eval_engine import SlimeEvalEngine
+
+        return SlimeEvalEngine(self.config)
 
     def prepare(self) -> dict[str, Any]:
         slime_checkpoints(self.config).mkdir(parents=True, exist_ok=True)

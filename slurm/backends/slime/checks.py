@@ -326,3 +326,28 @@ def _check_model_config(config: ExperimentConfig, args: dict[str, str], hf: dict
             "slime.model.preset" if config.slime.model.preset else "slime.model.architecture",
             f"{where} does not match {path}: {'; '.join(wrong)}",
         )
+
+
+def missing_inputs(config: ExperimentConfig) -> list[str]:
+    """What the slime job reads that is not on disk yet (slurm.preflight lists them: a dry run
+    goes on without them, a real submission refuses)."""
+    model, rollout = config.slime.model, config.slime.rollout
+    missing = []
+    if model.hf_checkpoint and not (Path(model.hf_checkpoint) / "config.json").is_file():
+        missing.append(
+            f"slime.model.hf_checkpoint: {model.hf_checkpoint} has no config.json "
+            "(a Hugging Face model folder)"
+        )
+    if model.ref_load and not Path(model.ref_load).is_dir():
+        missing.append(
+            f"slime.model.ref_load: {model.ref_load} is not a folder (a torch_dist checkpoint: "
+            "deepdive convert-checkpoint to-megatron makes it)"
+        )
+    if rollout.prompt_data and not Path(rollout.prompt_data).is_file():
+        missing.append(
+            f"slime.rollout.prompt_data: {rollout.prompt_data}: no such file (deepdive convert)"
+        )
+    for name, path in sorted(config.slime.eval.sets.items()):
+        if not Path(path).is_file():
+            missing.append(f"slime.eval.sets.{name}: {path}: no such file")
+    return missing

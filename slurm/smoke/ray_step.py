@@ -20,6 +20,7 @@ from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig
 from slurm.environment import NodeInfo
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
+from slurm.service_options import OptionValue
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.report import Check, failed, passed
@@ -88,14 +89,12 @@ class ProbeBootstrap(NodeBootstrap):
 
 
 def step_config(
-    config: ExperimentConfig, folder: Path, tools: list[str] | None
+    config: ExperimentConfig, folder: Path, tools: dict[str, OptionValue]
 ) -> ExperimentConfig:
-    """The experiment with its run folder in the kit's folder (and, for a slime experiment,
-    the tool server over the kit's world)."""
+    """The experiment with its run folder in the kit's folder and `[services.tools]` over the
+    kit's world."""
     run = dataclasses.replace(config.run, name=f"{config.run.name}-smoke", folder=str(folder))
-    services = config.services
-    if tools is not None:
-        services = dataclasses.replace(services, tools=tools)
+    services = dataclasses.replace(config.services, tools=tools)
     return dataclasses.replace(config, run=run, services=services)
 
 
@@ -135,7 +134,7 @@ def bootstrap_checks(
 def run(context: SmokeContext) -> list[Check]:
     folder = context.step_folder("3-ray") / "run"
     world_folder = folder / "world"
-    tools = world.SmokeWorld(world_folder).tools_arguments()
+    tools = world.SmokeWorld(world_folder).tools_table()
     config = step_config(context.config, folder, tools)
     result = folder / "probe.json"
     node = context.node

@@ -39,6 +39,7 @@ from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig
 from slurm.environment import NodeInfo
 from slurm.run_folder import RunFolder, write_json
+from slurm.service_options import OptionValue
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus
@@ -68,7 +69,7 @@ REFERENCE_FLAGS = (
 
 def recipe(
     config: ExperimentConfig, folder: Path, model: str, ref_load: str, prompts: Path,
-    tools: list[str], gpus: int,
+    tools: dict[str, OptionValue], gpus: int,
 ) -> ExperimentConfig:  # fmt: skip
     """The smoke run's experiment: one node, the image's slime paths, the rest fixed."""
     image = config.slime
@@ -115,7 +116,7 @@ def recipe(
         ),
         slurm=dataclasses.replace(config.slurm, nodes=1, gpus_per_node=gpus),
         services=dataclasses.replace(
-            config.services, host="127.0.0.1", tools=tools, reward=["--judge", "rule"]
+            config.services, host="127.0.0.1", tools=tools, reward={"judge": "rule"}
         ),
         slime=section,
     )
@@ -170,7 +171,7 @@ def run(context: SmokeContext) -> list[Check]:
     data = world.write(folder / "world")
     reference = converted / f"{Path(model).name}_torch_dist"
     config = recipe(
-        context.config, folder, model, str(reference), data.prompts, data.tools_arguments(), gpus
+        context.config, folder, model, str(reference), data.prompts, data.tools_table(), gpus
     )
     seconds = convert(context, config, plan(config, "to-megatron"))
     checks = [passed("to-megatron", f"{model} -> {reference} in {seconds:.0f} s")]

@@ -240,9 +240,9 @@ def test_the_probe_is_started_with_arguments_its_parser_accepts(tmp_path: Path) 
     command = ray_step.probe_command(context, tmp_path / "probe.json")
     args = ray_probe.parse(command[3:])
     assert (args.nodes, args.gpus_per_node, args.result) == (1, 4, tmp_path / "probe.json")
-    step = ray_step.step_config(config, tmp_path / "kit" / "run", ["--search", "offline"])
+    step = ray_step.step_config(config, tmp_path / "kit" / "run", {"search": "offline"})
     assert step.run.folder == str(tmp_path / "kit" / "run")
-    assert step.services.tools == ["--search", "offline"]
+    assert step.services.tools == {"search": "offline"}
 
 
 @pytest.mark.slow
@@ -334,7 +334,7 @@ def smoke_recipe(tmp_path: Path, gpus: int = 4) -> ExperimentConfig:
     prompts.write_text("")
     return slime_step.recipe(
         ExperimentConfig(), tmp_path / "run", str(model), str(tmp_path / "ref"), prompts,
-        ["--search", "offline", "--corpus", "c.jsonl"], gpus,
+        {"search": "offline", "corpus": "c.jsonl"}, gpus,
     )  # fmt: skip
 
 
@@ -375,7 +375,7 @@ def test_the_slime_recipe_passes_the_launchers_checks_and_follows_slimes_script(
     assert argv["--custom-generate-function-path"] == "deepdive.rollout.generate_with_tool"
     assert argv["--num-rollout"] == argv["--save-interval"] == str(slime_step.ROLLOUTS)
     assert config.slurm.nodes == 1 and config.services.host == "127.0.0.1"
-    assert config.services.tools[-1] == "c.jsonl" and config.run.backend == "slime"
+    assert config.services.tools["corpus"] == "c.jsonl" and config.run.backend == "slime"
     # each flag once, whatever the builder emits itself
     flags = [item for item in slime_arguments(config, tmp_path / "c.yaml").arguments()
              if item.startswith("--")]  # fmt: skip

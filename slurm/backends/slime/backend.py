@@ -38,6 +38,7 @@ from slurm.backends.slime.checks import check_slime, missing_inputs
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
+from slurm.service_options import service_arguments
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
 # what a run's checkpoints fix: another model or layout cannot load them
@@ -84,8 +85,12 @@ class SlimeBackend:
         level = ("--log-level", self.config.services.log_level)
         services = self.config.services
         return [
-            ServiceSpec("tools", ("tools", *services.tools, *level), services.tool_workers),
-            ServiceSpec("reward", ("reward", *services.reward, *level)),
+            ServiceSpec(
+                "tools",
+                ("tools", *service_arguments(services.tools), *level),
+                services.tool_workers,
+            ),
+            ServiceSpec("reward", ("reward", *service_arguments(services.reward), *level)),
         ]
 
     def environment(self, node_ip: str) -> dict[str, str]:

@@ -46,6 +46,7 @@ from slurm.backends.slime.model_context import (
 from slurm.backends.slime.replay import replay
 from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
+from slurm.service_options import INPUT_FILES
 
 FLAGS = "flags.json"  # in this package (slurm/package_data.py reads it)
 # a model's config.json key -> the Megatron flag that must say the same
@@ -350,4 +351,8 @@ def missing_inputs(config: ExperimentConfig) -> list[str]:
     for name, path in sorted(config.slime.eval.sets.items()):
         if not Path(path).is_file():
             missing.append(f"slime.eval.sets.{name}: {path}: no such file")
+    for key in INPUT_FILES:  # what the tool server every node runs reads
+        named = config.services.tools.get(key)
+        if isinstance(named, str) and not Path(named).is_file():
+            missing.append(f"services.tools.{key}: {named}: no such file")
     return missing

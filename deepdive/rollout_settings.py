@@ -58,8 +58,8 @@ class RolloutKnobs:
     Each default, and why (DeepDive's recipe is training/rollout/deepdive_rollout.py and
     training/scripts/training/train_deepdive_slime.sh; a recipe file may set its own):
 
-    max_turns           64, DeepDive's DEEPDIVE_MAX_TURNS: model turns at most; one more ends
-                        the episode TRUNCATED
+    max_turns           64, DeepDive's DEEPDIVE_MAX_TURNS: model turns at most; an episode
+                        that reaches them ends TRUNCATED
     on_malformed        fail, DeepDive's DEEPDIVE_STOP_ONCE_ILLFORM=1: a malformed call ends the
                         episode FAILED; continue: show the model an error observation and let
                         it try again

@@ -11,7 +11,7 @@ instead, with everything but slime's GPU side real:
   against the node that made it;
 - the slime backend writes the YAML from the attempt's 2-node cluster.json, as node 0 does in
   a job; slime's rollout is played as slime plays it (train.py's argv through slime's parsers,
-  slurm/slime_replay.py; the YAML's keys set on args; our hooks loaded by path; a group's
+  slurm/backends/slime/replay.py; the YAML's keys set on args; our hooks loaded by path; a group's
   samples at once and every group of a rollout in flight; the reward per sample), against a
   fake SGLang: each episode searches its question (the same in a group), clicks, searches a
   follow-up (one of four, at random), answers;
@@ -55,10 +55,10 @@ from deepdive.sample import LocalSample
 from fakes.sglang import ByteTokenizer, FakeSGLang, ScriptedTurn
 from services.process import ServiceProcess
 from services.serving.serve import bind, start_server_thread
-from slurm.backends.slime import CUSTOM_CONFIG, SlimeBackend
+from slurm.backends.slime.backend import CUSTOM_CONFIG, SlimeBackend
+from slurm.backends.slime.replay import replay
 from slurm.config import ExperimentConfig, load_experiment
 from slurm.run_folder import AttemptFolder, RunFolder
-from slurm.slime_replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "configs" / "deepdive-qwen.toml"

@@ -120,11 +120,25 @@ def aborted_errors(samples: list[Any]) -> Counter[str]:
     return errors
 
 
+# what to check when SGLang fails a rollout's episodes inside slime, and the setting
+SLIME_HINTS = (
+    "Check SGLang's log; a context too long for the model (slime.rollout.max_context_len "
+    "against the model's and slime.sglang.context_length), --rollout-top-p below 1 on an "
+    "SGLang without slime's patch, an engine that died. The limit is "
+    "slime.deepdive.max_aborted_share."
+)
+
+
 def check_aborted_share(
-    samples: list[Any], limit: float, rollout_id: int, eval_set: str | None = None
+    samples: list[Any],
+    limit: float,
+    rollout_id: int,
+    eval_set: str | None = None,
+    hints: str = SLIME_HINTS,
 ) -> int:
     """The number of `samples` that aborted; logged when any did. Raises RolloutAborted when
-    their share is above `limit`, naming the count and what SGLang said, most often first."""
+    their share is above `limit`, naming the count and what SGLang said, most often first,
+    then `hints`: where to look, and the setting."""
     errors = aborted_errors(samples)
     aborted = sum(errors.values())
     if not aborted:
@@ -147,10 +161,7 @@ def check_aborted_share(
         raise RolloutAborted(
             f"{what}: {aborted} of {len(samples)} episodes ABORTED ({share:.0%}), more than "
             f"{arg_name('max_aborted_share')} = {limit:g} allows; SGLang failed them, not the "
-            f"policy. SGLang said: {said}. Check SGLang's log; a context too long for the "
-            "model (slime.rollout.max_context_len against the model's and "
-            "slime.sglang.context_length), --rollout-top-p below 1 on an SGLang without "
-            "slime's patch, an engine that died. The limit is slime.deepdive.max_aborted_share."
+            f"policy. SGLang said: {said}. {hints}"
         )
     return aborted
 

@@ -12,7 +12,7 @@ fully-async rollout that runs in a background worker thread, which logs a group'
 drops it (fully_async_rollout.py, lines 141-145, 172-173 and 186-191), while the rollout waits
 for groups that never come: the run hung until its time limit. So the refusal is made
 
-- before submission (slurm/slime_checks.py, with `fully_async` below);
+- before submission (slurm/backends/slime/checks.py, with `fully_async` below);
 - when slime builds its data source in RolloutManager.__init__ (slime/ray/rollout.py, lines
   383-384), where an error fails the actor and train.py with it: the launcher passes
   `--data-source-path deepdive.rollout_modes.checked_data_source`, which refuses, then builds

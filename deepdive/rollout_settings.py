@@ -1,10 +1,13 @@
-"""Every knob of the rollout: written once (`RolloutSettings.as_args`), read once from slime's
-`args` (`settings_from_args`) and validated — the `deepdive_*` names live here and nowhere else.
+"""Every knob of the rollout, declared once (`RolloutKnobs`, with its defaults and why), written
+once (`as_args`), read once from slime's `args` (`settings_from_args`) and validated — the
+`deepdive_*` names live here and nowhere else. The knobs are apart from where the services are:
+`RolloutSettings` is the knobs with the URLs and the episode's context, built only where the
+URLs are known.
 
-Inside slime the launcher writes `as_args()` into a YAML file passed as `--custom-config-path`;
-slime sets each key on `args`, and the rollout (running in slime's Ray actors) reads them here.
-The local backend passes the same keys on a Namespace. An environment variable is only a
-fallback, for running the hook by hand.
+Inside slime the launcher writes `slime_custom_config` into a YAML file passed as
+`--custom-config-path`; slime sets each key on `args`, and the rollout (running in slime's Ray
+actors) reads them here. The local backend passes the same keys on a Namespace. An
+environment variable is only a fallback, for running the hook by hand.
 
 The tool and reward server settings are base URLs; DeepDive's own variables name the endpoints
 (`.../tool`, `.../evaluate`), so those exact trailing segments are taken off when read here
@@ -20,7 +23,7 @@ import os
 from argparse import Namespace
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from services.exceptions import ConfigError
@@ -49,8 +52,80 @@ def arg_name(field: str) -> str:
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
-    """sglang_url          SGLang (router) base URL; default http://{sglang_router_ip}:{sglang_router_port}
+class RolloutKnobs:
+    """The rollout's knobs, declared once: `[slime.deepdive]` and `[local.rollout]` take these
+    keys with these defaults, and the hook reads them from slime's `args` as `deepdive_KEY`.
+    Each default, and why (DeepDive's recipe is training/rollout/deepdive_rollout.py and
+    training/scripts/training/train_deepdive_slime.sh; a recipe file may set its own):
+
+    max_turns           64, DeepDive's DEEPDIVE_MAX_TURNS: model turns at most; an episode
+                        that reaches them ends TRUNCATED
+    on_malformed        fail, DeepDive's DEEPDIVE_STOP_ONCE_ILLFORM=1: a malformed call ends the
+                        episode FAILED; continue: show the model an error observation and let
+                        it try again
+    tool_timeout_s      300, DeepDive's DEEPDIVE_TOOL_TIMEOUT. DeepDive's bounds each attempt,
+                        ours the whole call, retries included: the tool server answers within
+                        its own deadline (ToolServerConfig.call_deadline_s, 60 s), so this only
+                        bounds a server that is down or being restarted
+    reward_timeout_s    600, DeepDive's DEEPDIVE_REWARD_TIMEOUT: one request (a group's batch
+                        of judgements, or one sample's)
+    generate_timeout_s  1800, ours (DeepDive leaves a turn to the router's 10-hour request
+                        timeout): a turn of a long response on a busy engine takes minutes;
+                        half an hour names a hung engine hours before the router would
+    retries             4: DeepDive's DEEPDIVE_TOOL_MAX_RETRY=5 counts attempts
+                        (`range(max_retry)`), this the retries after the first: the same five
+                        attempts, of 429/5xx/transport errors, for each of the three services
+    max_aborted_share   0.5, ours (DeepDive trains on an aborted episode as a wrong answer): a
+                        rollout with more of its episodes ABORTED stops the run
+                        (deepdive.aborts), since SGLang is failing, not the policy; 1 never
+                        stops
+    """
+
+    # how a key is named in an error: the `args` name here; a table embedding the knobs
+    # names its own keys (slime.deepdive., rollout.)
+    KEYS: ClassVar[str] = _PREFIX
+
+    max_turns: int = 64
+    on_malformed: OnMalformed = "fail"
+    tool_timeout_s: float = 300.0
+    reward_timeout_s: float = 600.0
+    generate_timeout_s: float = 1800.0
+    retries: int = 4
+    max_aborted_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "tool_timeout_s", "reward_timeout_s", "generate_timeout_s"):
+            positive(self.KEYS + name, getattr(self, name))
+        if self.on_malformed not in ("fail", "continue"):
+            raise ConfigError(
+                f"{self.KEYS}on_malformed: expected fail or continue, got {self.on_malformed!r}"
+            )
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ConfigError(
+                f"{self.KEYS}retries: expected a whole number >= 0, got {self.retries!r}"
+            )
+        share = self.max_aborted_share
+        if not (isinstance(share, int | float) and not isinstance(share, bool) and 0 <= share <= 1):
+            raise ConfigError(
+                f"{self.KEYS}max_aborted_share: expected a share from 0 to 1, got {share!r}"
+            )
+
+    def knobs(self) -> RolloutKnobs:
+        """The knobs alone (a table that embeds them carries keys of its own)."""
+        return RolloutKnobs(
+            **{item.name: getattr(self, item.name) for item in fields(RolloutKnobs)}
+        )
+
+    def as_args(self) -> dict[str, Any]:
+        """The knobs under their `args` names (keys of the custom-config YAML)."""
+        return {arg_name(item.name): getattr(self, item.name) for item in fields(RolloutKnobs)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutSettings(RolloutKnobs):
+    """The knobs (RolloutKnobs), with where the services are and the episode's context:
+
+    sglang_url          SGLang (router) base URL; default http://{sglang_router_ip}:{sglang_router_port}
     tool_server_url     the tool server's base URL (POST /tool), or its workers' URLs separated
                         by commas (a list is read too), and with several nodes each node's
                         separated by semicolons (a list of lists is read too): each episode
@@ -61,58 +136,41 @@ class RolloutSettings:
                         per node separated by commas (or a list), in the tool server's order
                         of nodes: a sample's reward comes from its prompt's node; read from
                         args, `.../evaluate` and `.../evaluate/batch` work too
-    max_turns           model turns at most; more ends the episode as TRUNCATED (default 64)
     max_context_tokens  prompt + response never exceed this (slime's --rollout-max-context-len)
-    on_malformed        fail: end the episode as FAILED (DeepDive's choice); continue: show the
-                        model an error observation and let it try again
-    tool_timeout_s      total time for one tool call, retries included
-    reward_timeout_s    total time for one reward request
-    generate_timeout_s  total time for one SGLang turn
-    retries             retries of 429/5xx/transport errors for each of the three services
-    max_aborted_share   a rollout with more of its episodes ABORTED than this share stops the
-                        run (deepdive.aborts); 1 never stops
     """
 
     sglang_url: str
     tool_server_url: str
     reward_server_url: str
-    max_turns: int = 64
     max_context_tokens: int = 32_768
-    on_malformed: OnMalformed = "fail"
-    tool_timeout_s: float = 120.0
-    reward_timeout_s: float = 600.0
-    generate_timeout_s: float = 1800.0
-    retries: int = 3
-    max_aborted_share: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_turns",
-            "max_context_tokens",
-            "tool_timeout_s",
-            "reward_timeout_s",
-            "generate_timeout_s",
-        ):
-            positive(arg_name(name), getattr(self, name))
-        if self.on_malformed not in ("fail", "continue"):
-            raise ConfigError(
-                f"{arg_name('on_malformed')}: expected fail or continue, got {self.on_malformed!r}"
-            )
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ConfigError(
-                f"{arg_name('retries')}: expected a whole number >= 0, got {self.retries!r}"
-            )
-        share = self.max_aborted_share
-        if not (isinstance(share, int | float) and not isinstance(share, bool) and 0 <= share <= 1):
-            raise ConfigError(
-                f"{arg_name('max_aborted_share')}: expected a share from 0 to 1, got {share!r}"
-            )
+        super().__post_init__()
+        positive(arg_name("max_context_tokens"), self.max_context_tokens)
         _check_url(arg_name("sglang_url"), self.sglang_url)
-        nodes = node_lists(arg_name("tool_server_url"), self.tool_server_url)
-        rewards = url_list(arg_name("reward_server_url"), self.reward_server_url)
+        urls = service_urls(self.tool_server_url, self.reward_server_url)
         # one spelling, always: workers joined by commas, nodes by semicolons
-        object.__setattr__(self, "tool_server_url", NODES.join(",".join(n) for n in nodes))
-        object.__setattr__(self, "reward_server_url", ",".join(rewards))
+        object.__setattr__(self, "tool_server_url", urls[arg_name("tool_server_url")])
+        object.__setattr__(self, "reward_server_url", urls[arg_name("reward_server_url")])
+
+    @classmethod
+    def of(
+        cls,
+        knobs: RolloutKnobs,
+        *,
+        sglang_url: str,
+        tool_server_url: str,
+        reward_server_url: str,
+        max_context_tokens: int,
+    ) -> RolloutSettings:
+        """`knobs` (a table's, embedding them) with the URLs and the context of one rollout."""
+        return cls(
+            **{item.name: getattr(knobs, item.name) for item in fields(RolloutKnobs)},
+            sglang_url=sglang_url,
+            tool_server_url=tool_server_url,
+            reward_server_url=reward_server_url,
+            max_context_tokens=max_context_tokens,
+        )
 
     @property
     def tool_server_nodes(self) -> tuple[tuple[str, ...], ...]:
@@ -130,19 +188,35 @@ class RolloutSettings:
         return tuple(self.reward_server_url.split(","))
 
     def as_args(self) -> dict[str, Any]:
-        """Every setting under its `args` name: the custom-config YAML slime loads, or the
-        attributes of a Namespace; `settings_from_args` reads back exactly these settings."""
+        """Every setting under its `args` name: the attributes of a Namespace;
+        `settings_from_args` reads back exactly these settings."""
         return {arg_name(item.name): getattr(self, item.name) for item in fields(self)}
 
-    def as_slime_config(self) -> dict[str, Any]:
-        """The keys of the --custom-config-path YAML for slime: everything but the SGLang URL,
-        which inside slime is its router's (`settings_from_args` reads that default)."""
-        keys = self.as_args()
-        del keys[arg_name("sglang_url")]
-        return keys
+
+def service_urls(tool_server_url: object, reward_server_url: object) -> dict[str, str]:
+    """The services' URLs under their `args` names, checked and in the one spelling the hook
+    reads (`node_lists`, `url_list`): workers joined by commas, nodes by semicolons."""
+    nodes = node_lists(arg_name("tool_server_url"), tool_server_url)
+    rewards = url_list(arg_name("reward_server_url"), reward_server_url)
+    return {
+        arg_name("tool_server_url"): NODES.join(",".join(node) for node in nodes),
+        arg_name("reward_server_url"): ",".join(rewards),
+    }
 
 
-_DEFAULTS = RolloutSettings.__dataclass_fields__
+def slime_custom_config(
+    knobs: RolloutKnobs, max_context_tokens: int, tool_server_url: str, reward_server_url: str
+) -> dict[str, Any]:
+    """The keys of slime's --custom-config-path YAML, which slime sets on `args`: the knobs,
+    the episode's context and the services' URLs, checked as the hook reads them. No SGLang
+    URL: inside slime it is its router's (`settings_from_args` reads that default)."""
+    positive(arg_name("max_context_tokens"), max_context_tokens)
+    return {
+        **knobs.as_args(),
+        arg_name("max_context_tokens"): max_context_tokens,
+        **service_urls(tool_server_url, reward_server_url),
+    }
+
 
 # The endpoints under each base URL, as DeepDive's DEEPDIVE_TOOL_SERVER_URL and
 # DEEPDIVE_REWARD_SERVER_URL spell them; the longer suffix first.
@@ -220,6 +294,9 @@ def node_lists(key: str, value: object) -> tuple[tuple[str, ...], ...]:
     return nodes
 
 
+_CONTEXT_DEFAULT = RolloutSettings.__dataclass_fields__["max_context_tokens"].default
+
+
 def rollout_args(settings: RolloutSettings, tokenizer: Any = None) -> Namespace:
     """What slime's `args` holds for the hooks, for callers without slime (the local backend,
     benchmarks, tests): the settings and, optionally, a tokenizer object."""
@@ -266,23 +343,14 @@ def settings_from_args(args: Any) -> RolloutSettings:
     router = None
     if getattr(args, "sglang_router_ip", None) and getattr(args, "sglang_router_port", None):
         router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    context = (
-        getattr(args, "rollout_max_context_len", None) or _DEFAULTS["max_context_tokens"].default
-    )
+    context = getattr(args, "rollout_max_context_len", None) or _CONTEXT_DEFAULT
+    knobs = {item.name: _value(args, item.name, item.default) for item in fields(RolloutKnobs)}
     settings = RolloutSettings(
+        **knobs,
         sglang_url=_value(args, "sglang_url", router),
         tool_server_url=_service_url(args, "tool_server_url"),
         reward_server_url=_service_url(args, "reward_server_url"),
-        max_turns=_value(args, "max_turns", _DEFAULTS["max_turns"].default),
         max_context_tokens=_value(args, "max_context_tokens", context),
-        on_malformed=_value(args, "on_malformed", _DEFAULTS["on_malformed"].default),
-        tool_timeout_s=_value(args, "tool_timeout_s", _DEFAULTS["tool_timeout_s"].default),
-        reward_timeout_s=_value(args, "reward_timeout_s", _DEFAULTS["reward_timeout_s"].default),
-        generate_timeout_s=_value(
-            args, "generate_timeout_s", _DEFAULTS["generate_timeout_s"].default
-        ),
-        retries=_value(args, "retries", _DEFAULTS["retries"].default),
-        max_aborted_share=_value(args, "max_aborted_share", _DEFAULTS["max_aborted_share"].default),
     )
     with contextlib.suppress(AttributeError):  # an args object that refuses attributes
         args._deepdive_rollout_settings = settings

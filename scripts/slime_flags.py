@@ -1,4 +1,4 @@
-"""Write the list of every flag slime's train.py accepts at the pinned commits (slurm/slime_flags.json).
+"""Write the list of every flag slime's train.py accepts at the pinned commits (slurm/backends/slime/flags.json).
 
 slime silently ignores a flag it does not know (a misspelled or removed one is never
 reported), so the launcher checks every flag it emits, and every `extra_args` flag, against
@@ -10,7 +10,7 @@ this list before anything is submitted. slime parses with two parsers
 plus four flags it pre-parses (`_pre_parse_mode`). This script builds those parsers as slime
 does and lists their option strings, so it runs where slime, Megatron-LM and SGLang import:
 
-- in the training image: `python scripts/slime_flags.py --slime-commit … > slurm/slime_flags.json`
+- in the training image: `python scripts/slime_flags.py --slime-commit … > slurm/backends/slime/flags.json`
 - on a CPU machine: slime and Megatron-LM checkouts at their commits (with slime's
   docker/patch/latest/megatron.patch applied, as slime's image does) and sglang and
   sglang-router installed without their CUDA dependencies on PYTHONPATH, and `--stub
@@ -21,7 +21,7 @@ The output names, for each flag, the parser that defines it (slime, megatron, sg
 and whether it takes a value ("value") or none ("switch"). Under "parsers" it records the
 four parsers slime's `parse_args` runs over train.py's argv, as slime builds them, each action
 with what argparse needs to parse it again (option strings, dest, action, nargs, type, choices,
-default, const): slurm/slime_replay.py rebuilds them from this record, so the checks and CI
+default, const): slurm/backends/slime/replay.py rebuilds them from this record, so the checks and CI
 parse the launcher's argv as slime would, where slime cannot be installed:
 
 - "pre": `_pre_parse_mode`'s parser (slime/utils/arguments.py), read from its source;

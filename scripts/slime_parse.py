@@ -20,7 +20,7 @@ records for each:
   and the namespace it returned.
 
 tests/slurm/test_slime_parse.py compares the launcher's argv with this record and holds
-slurm/slime_replay.py (which CI runs over every argv) to the "parsed" namespace.
+slurm/backends/slime/replay.py (which CI runs over every argv) to the "parsed" namespace.
 
     PYTHONPATH=SLIME:MEGATRON:. python scripts/slime_parse.py --slime-commit C \\
         --megatron-commit C [--stub torchvision --device-arch 9] \\
@@ -108,13 +108,13 @@ def launcher_argv(config_file: Path, root: Path) -> list[str]:
     beside it, which slime reads)."""
     import yaml
 
+    from slurm.backends.slime.args import custom_config, slime_arguments
     from slurm.config import load_experiment
-    from slurm.slime_args import slime_arguments
 
     overrides = [item.replace(WORLD, str(root)) for item in OVERRIDES]
     config = load_experiment(config_file, overrides)
-    command = slime_arguments(config, root / CUSTOM_CONFIG, URLS)
-    (root / CUSTOM_CONFIG).write_text(yaml.safe_dump(command.custom_config))
+    command = slime_arguments(config, root / CUSTOM_CONFIG)
+    (root / CUSTOM_CONFIG).write_text(yaml.safe_dump(custom_config(config, URLS)))
     return command.arguments()
 
 
@@ -193,7 +193,7 @@ def main() -> None:
         root = Path(folder)
         make_world(root)
         os.environ.setdefault("WORLD_SIZE", "1")
-        # what the launcher gives train.py (slurm/backends/slime.py `environment`) and
+        # what the launcher gives train.py (slurm/backends/slime/backend.py `environment`) and
         # Megatron's validate_args asserts with tensor parallelism
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
         for config_file in slime_configs():

@@ -1,4 +1,4 @@
-"""Write the model architecture presets (slurm/slime_presets.json) from slime's own model scripts.
+"""Write the model architecture presets (slurm/backends/slime/presets.json) from slime's own model scripts.
 
 slime's scripts/models/NAME.sh each set one bash array, MODEL_ARGS, with Megatron's architecture
 arguments for a Hugging Face model (layers, sizes, heads, query groups, vocabulary, rope base,
@@ -6,7 +6,7 @@ norm and bias choices). The launcher needs the same arguments to train a model a
 its checkpoints; this script reads those arrays (a `${VAR:-default}` takes its default) for the
 dense Qwen2.5 and Qwen3 models and records each with the file and commit it came from.
 
-usage: python scripts/slime_presets.py SLIME_CHECKOUT COMMIT > slurm/slime_presets.json
+usage: python scripts/slime_presets.py SLIME_CHECKOUT COMMIT > slurm/backends/slime/presets.json
 """
 
 from __future__ import annotations

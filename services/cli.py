@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from services.exceptions import ConfigError, ServiceError
 
@@ -32,6 +32,9 @@ class Subcommand:
     module: str
     options: str = "add_arguments"
     handler: str = "run"
+    # what the handler builds from the parsed options before anything starts (its config):
+    # a ConfigError for what it would refuse (`check_service_arguments`)
+    checks: str = "check_arguments"
 
     def load(self, parser: argparse.ArgumentParser) -> None:
         module = importlib.import_module(self.module)
@@ -76,6 +79,38 @@ class LazyParser(argparse.ArgumentParser):
     def format_help(self) -> str:
         self._load()
         return super().format_help()
+
+
+class _RefusingParser(argparse.ArgumentParser):
+    """A parser that raises what it would print and exit with."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def service_parser(name: str) -> argparse.ArgumentParser:
+    """The options of `python -m services NAME`, as the service reads them, for reading them
+    elsewhere (a launcher checking a service's options before it starts one): no
+    abbreviations, and an error raised (ConfigError; argparse.ArgumentError naming the option
+    when one value is wrong), never an exit."""
+    parser = _RefusingParser(prog=f"python -m services {name}", allow_abbrev=False)
+    parser.exit_on_error = False
+    _service(name).load(parser)
+    return parser
+
+
+def check_service_arguments(name: str, args: argparse.Namespace) -> None:
+    """What the service builds from `args` before it starts (its config), built and thrown
+    away: a ConfigError for what it would refuse."""
+    module = importlib.import_module(_service(name).module)
+    getattr(module, _service(name).checks)(args)
+
+
+def _service(name: str) -> Subcommand:
+    found = [subcommand for subcommand in SERVICES if subcommand.name == name]
+    if not found:
+        raise ConfigError(f"{name}: not a service (one of: {', '.join(s.name for s in SERVICES)})")
+    return found[0]
 
 
 def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:

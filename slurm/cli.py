@@ -76,7 +76,7 @@ COMMANDS: list[Subcommand] = [
         "Run slime's conversion tools as a one-node Slurm job in the training image: "
         "to-megatron makes the torch_dist reference from slime.model.hf_checkpoint, to-hf "
         "turns a training checkpoint into a Hugging Face folder.",
-        "slurm.command",
+        "slurm.backends.slime.command",
         "add_convert_checkpoint_arguments",
         "run_convert_checkpoint",
     ),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import shutil
 import sys
 import time
@@ -17,7 +16,7 @@ import tomli_w
 from services.cli import add_overrides_argument
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
-from slurm.config import ExperimentConfig, load_experiment, local_run_config
+from slurm.config import ExperimentConfig, load_experiment
 from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import RunFolder, private_folder
 
@@ -49,11 +48,9 @@ def run_submit(args: argparse.Namespace) -> None:
     if args.nodes is not None:
         overrides.append(f"slurm.nodes={args.nodes}")
     config = load_experiment(args.config, overrides)
-    if config.run.backend == "slime":
-        from slurm.slime_checks import check_slime
-
-        for warning in check_slime(config):
-            print(f"warning: {warning}", file=sys.stderr)
+    backend = build_backend(config)
+    for warning in backend.check():
+        print(f"warning: {warning}", file=sys.stderr)
     missing = missing_inputs(config)
     if config.container.image and not any(item.startswith("container.") for item in missing):
         from slurm.image_labels import check_image
@@ -62,7 +59,6 @@ def run_submit(args: argparse.Namespace) -> None:
             config.container.apptainer, config.container.image, args.allow_image_mismatch, warn
         )
     run = RunFolder(config.folder)
-    backend = build_backend(config)
     if args.dry_run:
         attempt = run.attempt("JOB-RESTART")
         print("# the sbatch script (submitit renders it; JOB is the job id)")
@@ -131,36 +127,12 @@ def warn(message: str) -> None:
     print(f"deepdive: warning: {message}", file=sys.stderr)
 
 
-# What a slime run's checkpoints fix: another model or layout cannot load them.
-SLIME_FIXED = ("model", "parallelism")
-
-
 def check_same_run(config: ExperimentConfig, run: RunFolder) -> None:
     """A run folder that holds checkpoints continues only the run it was started with."""
-    from deepdive.local.paths import RunPaths, resume_point
+    from slurm.backends import check_continues
 
-    if not run.config.is_file():
-        return
-    saved = load_experiment(run.config)
-    if saved.run.backend != config.run.backend:
-        raise ConfigError(
-            f"{run.root} holds a {saved.run.backend} run: run.backend = "
-            f"{config.run.backend!r} needs another run.folder"
-        )
-    if config.run.backend == "local":
-        local = local_run_config(config)
-        resume_point(local, dataclasses.asdict(local), RunPaths(run.root))
-        return
-    changed = [
-        f"slime.{table}"
-        for table in SLIME_FIXED
-        if getattr(saved.slime, table) != getattr(config.slime, table)
-    ]
-    if changed:
-        raise ConfigError(
-            f"{run.root} was started with another {', '.join(changed)}: its checkpoints "
-            "would not load; choose another run.folder"
-        )
+    if run.config.is_file():
+        check_continues(config, load_experiment(run.config), run.root)
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
@@ -252,47 +224,6 @@ def run_cancel(args: argparse.Namespace) -> None:
     print(f"cancelled job {job_id} ({run.root}); its checkpoints stay: submit again to resume")
 
 
-def add_convert_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("direction", choices=["to-megatron", "to-hf"])
-    parser.add_argument("config", type=Path, help="the experiment file (backend = slime)")
-    parser.add_argument(
-        "--iteration", default="latest", help="to-hf: a training iteration, or latest"
-    )
-    add_overrides_argument(parser, '--set slime.model.hf_checkpoint="/models/Qwen3-8B"')
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print the job and the command; submit nothing"
-    )
-
-
-def run_convert_checkpoint(args: argparse.Namespace) -> None:
-    from slurm.conversion import executor_parameters, plan, submit
-    from slurm.submit import sbatch_script
-
-    config = load_experiment(args.config, args.overrides)
-    if config.run.backend != "slime":
-        raise ConfigError(
-            f"{args.config}: convert-checkpoint converts slime checkpoints (backend = slime)"
-        )
-    if not args.dry_run:
-        require_inputs(config, ("container.", "slime.model.hf_checkpoint"))
-    conversion = plan(config, args.direction, args.iteration)
-    if conversion.output.exists():
-        raise ConfigError(f"{conversion.output} exists already: nothing to convert")
-    python = config.container.python if config.container.image else sys.executable
-    command = " ".join(conversion.command(python, conversion.output))
-    if args.dry_run:
-        print("# the sbatch script (one node, the training image)")
-        print(sbatch_script(config, executor_parameters(config)))
-        print("# the conversion it runs (into a partial folder, renamed to the output on success)")
-        print(command)
-        return
-    run = RunFolder(config.folder)
-    private_folder(run.root)
-    private_folder(run.submitit)
-    job_id = submit(config, conversion)
-    print(f"submitted job {job_id}: {args.direction}, writing {conversion.output}")
-
-
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="the experiment file the checkpoints belong to")
     parser.add_argument(
@@ -318,30 +249,27 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 def run_eval(args: argparse.Namespace) -> None:
     from rich.console import Console
 
-    from slurm.evaluate import evaluate, read_rows, resolve
+    from slurm.backends import build_backend
+    from slurm.evaluate import evaluate, read_rows
 
     config = load_experiment(args.config, args.overrides)
     if args.samples < 1:
         raise ConfigError(f"--samples: expected at least 1, got {args.samples}")
     if args.temperature < 0:
         raise ConfigError(f"--temperature: expected >= 0, got {args.temperature}")
-    checkpoints = [resolve(config, spec) for spec in args.checkpoint]
+    backend = build_backend(config)
+    engine = backend.eval_engine()
+    checkpoints = [engine.resolve(spec) for spec in args.checkpoint]
     rows = read_rows(args.data)
     if args.questions:
         rows = rows[: args.questions]
     out = args.out or config.folder / "eval" / time.strftime("%Y%m%d-%H%M%S")
     if args.dry_run:
-        from slurm.backends import build_backend
-
-        engine = (
-            "SGLang (python -m sglang.launch_server)"
-            if config.run.backend == "slime"
-            else "the local engine"
-        )
+        served = engine.description
         print(f"{len(rows)} questions x {args.samples} samples from {args.data}, into {out}")
         for checkpoint in checkpoints:
-            print(f"  {checkpoint.name}: {checkpoint.path} ({checkpoint.kind}), served by {engine}")
-        for spec in build_backend(config).services():
+            print(f"  {checkpoint.name}: {checkpoint.path} ({checkpoint.kind}), served by {served}")
+        for spec in backend.services():
             print(
                 f"  service {spec.name}: python -m services {' '.join(spec.arguments)} --host 127.0.0.1"
             )

@@ -18,8 +18,9 @@ from typing import Any, Literal
 
 from deepdive.local.config import LocalRunConfig, RunSection
 from services.typed_config import load_toml, require
+from slurm.backends.slime.config import SlimeSection
 from slurm.ports import TOOL_PORTS
-from slurm.slime_config import SlimeSection
+from slurm.service_options import PATHS, OptionValue, check_service_options
 
 Backend = Literal["local", "slime"]
 
@@ -128,7 +129,9 @@ class ServicesTable:
     address (the one Ray uses), never every interface; any address but loopback needs
     DEEPDIVE_SERVICE_TOKEN (environment or env file); 127.0.0.1 when the services answer their
     own node's rollout worker only (the local backend). env_file: KEY=VALUE secrets
-    (SERPER_API_KEY, ...), mode 0600, read on the node.
+    (SERPER_API_KEY, ...), mode 0600, read on the node. tools, reward: each service's options
+    ([services.tools], [services.reward]), checked as the service reads them when the file
+    loads.
     tool_workers: the tool server's worker processes on each node, each on its own port of the
     node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers)."""
 
@@ -137,10 +140,12 @@ class ServicesTable:
     ready_timeout_s: float = 120.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     tool_workers: int = 0
-    # the slime backend's servers (`python -m services tools|reward` arguments; the local
-    # backend serves its own world): e.g. ["--search", "serper", "--reader", "jina"]
-    tools: list[str] = field(default_factory=lambda: ["--search", "offline", "--reader", "offline"])
-    reward: list[str] = field(default_factory=lambda: ["--judge", "rule"])
+    # the slime backend's servers, each a table of its options (slurm/service_options.py;
+    # the local backend serves its own world): e.g. [services.tools] search = "serper",
+    # reader = "jina"; an empty table runs the service's defaults (offline search and reader,
+    # the rule judge)
+    tools: dict[str, OptionValue] = field(default_factory=dict)
+    reward: dict[str, OptionValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(self.ready_timeout_s > 0, "services.ready_timeout_s", "> 0", self.ready_timeout_s)
@@ -150,6 +155,8 @@ class ServicesTable:
             f"0 (one per CPU of the task) to {TOOL_PORTS} (the ports a node keeps for them)",
             self.tool_workers,
         )
+        check_service_options("tools", self.tools)
+        check_service_options("reward", self.reward)
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,11 @@ def resolved(config: ExperimentConfig) -> ExperimentConfig:
     if services.env_file:  # its existence and mode: slurm.preflight
         env_file = Path(services.env_file).expanduser().absolute()
         services = dataclasses.replace(services, env_file=str(env_file))
+    tools = {
+        key: absolute(value) if key in PATHS and isinstance(value, str) else value
+        for key, value in services.tools.items()
+    }
+    services = dataclasses.replace(services, tools=tools)
     return dataclasses.replace(
         config, run=run, local=local, container=container, services=services, slime=slime
     )

@@ -2,18 +2,13 @@
 checkpoint served in turn, the same `generate_with_tool` and `reward_func` over the eval set,
 against the same services training uses (the backend's, started here on loopback).
 
-A checkpoint is served by the local engine (backend local: a Hugging Face folder such as
-RUN/final_model, or a training checkpoint RUN/checkpoints/step-NNNNNN on the run's base model)
-or by SGLang (backend slime: a Hugging Face folder, e.g. what `deepdive convert-checkpoint
-to-hf` wrote; SGLang must be installed: the training image on a GPU node). `latest` is the
-run's newest: RUN/final_model or its newest step checkpoint (local), the Hugging Face
-conversion of the newest complete training checkpoint (slime).
-
-SGLang serves each checkpoint with the context training used (`--context-length`,
-slurm/model_context.py): an episode longer than the checkpoint's config.json allows is refused
-before SGLang starts, not turn by turn. The services get the env file's keys
-(`services.env_file`: the search keys, the service token) as training's nodes give them, and
-this process sends the file's token.
+A checkpoint is served by the backend's engine (`Backend.eval_engine`): the local engine for
+backend local (slurm/backends/local_eval.py), SGLang for backend slime
+(slurm/backends/slime/eval_engine.py), each saying what a checkpoint and `latest` are and
+refusing, before anything starts, one it cannot serve training's episodes with. The episodes
+are training's: its rollout knobs, context and response budget. The services get the env
+file's keys (`services.env_file`: the search keys, the service token) as training's nodes give
+them, and this process sends the file's token.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,52 +29,14 @@ from services.files import atomic_write_bytes
 from services.logs import register_secret
 from services.process import ServiceProcess
 from services.secrets import TOKEN_ENV, load_env_file
-from slurm.backends import build_backend
-from slurm.config import ExperimentConfig, local_run_config
+from slurm.backends import Checkpoint, build_backend
+from slurm.config import ExperimentConfig
 from slurm.eval_report import episode_row, print_table, summarize
-from slurm.model_context import check_episode_fits, model_context, read_config, served_context
-from slurm.slime_args import sglang_context_length
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    name: str  # as the table shows it
-    path: Path
-    kind: str  # hf (a Hugging Face folder) | step (a local training checkpoint)
 
 
 def resolve(config: ExperimentConfig, spec: str) -> Checkpoint:
-    run = Path(config.run.folder)
-    if spec == "latest":
-        if config.run.backend == "local":
-            final = run / "final_model"
-            if (final / "config.json").is_file():
-                return Checkpoint("latest (final_model)", final, "hf")
-            from deepdive.local.checkpoint import checkpoints
-
-            found = checkpoints(run / "checkpoints")
-            if not found:
-                raise ConfigError(f"--checkpoint latest: {run} has no checkpoint yet")
-            return Checkpoint(f"latest ({found[-1].name})", found[-1], "step")
-        from slurm.conversion import converted, iteration_folder
-
-        number, _ = iteration_folder(config, "latest")
-        path = converted(config) / f"iter_{number:07d}_hf"
-        if not (path / "config.json").is_file():
-            raise ConfigError(
-                f"--checkpoint latest: iteration {number} has no Hugging Face conversion at "
-                f"{path}; run `deepdive convert-checkpoint to-hf CONFIG --iteration {number}`"
-            )
-        return Checkpoint(f"latest (iter {number})", path, "hf")
-    path = Path(spec).expanduser().absolute()
-    if (path / "config.json").is_file():
-        return Checkpoint(path.name, path, "hf")
-    if (path / "state.pt").is_file() and config.run.backend == "local":
-        return Checkpoint(path.name, path, "step")
-    raise ConfigError(
-        f"--checkpoint {spec}: not a Hugging Face model folder (config.json)"
-        + (" nor a training checkpoint (state.pt)" if config.run.backend == "local" else "")
-    )
+    """A --checkpoint (a path, or latest), as the backend's engine reads it."""
+    return build_backend(config).eval_engine().resolve(spec)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -133,79 +89,6 @@ def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, str]]:
         yield urls
 
 
-@contextmanager
-def serve(
-    config: ExperimentConfig, checkpoint: Checkpoint, logs: Path
-) -> Iterator[tuple[str, Any]]:
-    """The checkpoint behind SGLang's /generate: (its URL, the tokenizer the rollout uses,
-    or None when the rollout loads it from args.hf_checkpoint)."""
-    if config.run.backend == "slime":
-        from slurm.sglang_server import sglang_server
-
-        context = check_served_context(config, checkpoint.path)
-        tensor = config.slime.resources.rollout_num_gpus_per_engine
-        with sglang_server(checkpoint.path, logs / "sglang.log", context, tensor) as url:
-            yield url, None
-        return
-    from deepdive.local.model import load_model
-    from deepdive.local.stack import engine_server
-
-    local = local_run_config(config)
-    if checkpoint.kind == "step":
-        from deepdive.local.checkpoint import load_checkpoint
-
-        model, tokenizer = load_model(Path(local.run.out) / "base_model")
-        _, state = load_checkpoint(checkpoint.path)
-        model.load_state_dict(state["trainer"]["model"])
-    else:
-        model, tokenizer = load_model(checkpoint.path)
-    with engine_server(model, tokenizer, local.rollout.max_batch) as (url, _engine):
-        yield url, tokenizer
-
-
-def check_served_context(config: ExperimentConfig, model: Path) -> int:
-    """The context SGLang serves `model` with for this evaluation (training's), refusing one
-    the model's config.json does not allow or that an episode would not fit."""
-    slime = config.slime
-    context = model_context(read_config(model), str(model / "config.json"))
-    served = served_context(context, slime.sglang.context_length, "slime.sglang.context_length")
-    check_episode_fits(
-        context,
-        served,
-        slime.rollout.max_context_len,
-        slime.rollout.max_response_len,
-        "slime.rollout.max_context_len",
-        "slime.rollout.max_response_len",
-    )
-    return sglang_context_length(slime)  # what training's SGLang served (<= `served`)
-
-
-def rollout_limits(config: ExperimentConfig) -> tuple[RolloutSettings, int]:
-    """The episode limits training uses (max turns, context, malformed policy) and the
-    response budget, for a URL-less settings template."""
-    if config.run.backend == "local":
-        rollout = local_run_config(config).rollout
-        template = RolloutSettings(
-            sglang_url="http://x",
-            tool_server_url="http://x",
-            reward_server_url="http://x",
-            max_turns=rollout.max_turns,
-            max_context_tokens=rollout.max_context_tokens,
-            on_malformed=rollout.on_malformed,
-        )
-        return template, rollout.max_response_tokens
-    slime = config.slime
-    template = RolloutSettings(
-        sglang_url="http://x",
-        tool_server_url="http://x",
-        reward_server_url="http://x",
-        max_turns=slime.deepdive.max_turns,
-        max_context_tokens=slime.rollout.max_context_len,
-        on_malformed=slime.deepdive.on_malformed,
-    )
-    return template, slime.rollout.max_response_len
-
-
 def evaluate(
     config: ExperimentConfig,
     checkpoints: list[Checkpoint],
@@ -215,24 +98,29 @@ def evaluate(
     out: Path,
     console: Console,
 ) -> dict[str, dict[str, Any]]:
-    from dataclasses import replace
-
     from deepdive.local.episodes import rollout_batch
 
-    if config.run.backend == "slime":  # before anything starts: each checkpoint's context
-        for checkpoint in checkpoints:
-            check_served_context(config, checkpoint.path)
-    template, budget = rollout_limits(config)
-    params = {"max_new_tokens": budget, "temperature": temperature, "top_p": 1.0}
+    engine = build_backend(config).eval_engine()
+    for checkpoint in checkpoints:  # before anything starts
+        engine.check(checkpoint)
+    training = engine.rollout()
+    params = {
+        "max_new_tokens": training.max_response_tokens,
+        "temperature": temperature,
+        "top_p": 1.0,
+    }
     summaries: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
     with services(config, out / "logs") as urls:
         for checkpoint in checkpoints:
-            with serve(config, checkpoint, out / "logs") as (sglang, tokenizer):
-                settings = replace(
-                    template, sglang_url=sglang, tool_server_url=urls["tools"],
+            with engine.serve(checkpoint, out / "logs") as (sglang, tokenizer):
+                settings = RolloutSettings.of(
+                    training.knobs,
+                    sglang_url=sglang,
+                    tool_server_url=urls["tools"],
                     reward_server_url=urls["reward"],
-                )  # fmt: skip
+                    max_context_tokens=training.max_context_tokens,
+                )
                 args = rollout_args(settings, tokenizer)
                 if tokenizer is None:
                     args.hf_checkpoint = str(checkpoint.path)

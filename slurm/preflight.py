@@ -1,5 +1,5 @@
-"""What must exist on disk before a job is submitted: the image, the env file, the model, the
-prompt data. Kept apart from the config's own checks (types, ranges, coherence) so that a dry
+"""What must exist on disk before a job is submitted: the image, the env file, and what the
+backend reads (the model, the prompt data: `Backend.missing_inputs`). Kept apart from the config's own checks (types, ranges, coherence) so that a dry
 run can print what would run before anything is downloaded or built, then list what is still
 missing; a real submission refuses until the list is empty."""
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.exceptions import ConfigError
 from services.secrets import TOKEN_ENV, env_file_keys
+from slurm.backends import build_backend
 from slurm.config import ExperimentConfig
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -36,32 +37,8 @@ def missing_inputs(config: ExperimentConfig, only: tuple[str, ...] = ()) -> list
             "services refuse to start without it): put it in services.env_file, or set "
             'services.host = "127.0.0.1" on one node'
         )
-    if config.run.backend == "slime":
-        missing += _slime_inputs(config)
+    missing += build_backend(config).missing_inputs()
     return [item for item in missing if item.startswith(only)] if only else missing
-
-
-def _slime_inputs(config: ExperimentConfig) -> list[str]:
-    model, rollout = config.slime.model, config.slime.rollout
-    missing = []
-    if model.hf_checkpoint and not (Path(model.hf_checkpoint) / "config.json").is_file():
-        missing.append(
-            f"slime.model.hf_checkpoint: {model.hf_checkpoint} has no config.json "
-            "(a Hugging Face model folder)"
-        )
-    if model.ref_load and not Path(model.ref_load).is_dir():
-        missing.append(
-            f"slime.model.ref_load: {model.ref_load} is not a folder (a torch_dist checkpoint: "
-            "deepdive convert-checkpoint to-megatron makes it)"
-        )
-    if rollout.prompt_data and not Path(rollout.prompt_data).is_file():
-        missing.append(
-            f"slime.rollout.prompt_data: {rollout.prompt_data}: no such file (deepdive convert)"
-        )
-    for name, path in sorted(config.slime.eval.sets.items()):
-        if not Path(path).is_file():
-            missing.append(f"slime.eval.sets.{name}: {path}: no such file")
-    return missing
 
 
 def require_inputs(config: ExperimentConfig, only: tuple[str, ...] = ()) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from deepdive.rollout_settings import GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH
-from slurm.slime_config import SlimeSection
+from slurm.backends.slime.config import SlimeSection
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTAINERS = ROOT / "containers"
@@ -88,7 +88,9 @@ def test_every_base_is_pinned_by_digest_and_every_git_install_by_commit() -> Non
     # the training base is a digest, or unresolved and then refused by `make image` (below)
     assert pinned["TRAIN_BASE_DIGEST"] == "" or DIGEST.match(pinned["TRAIN_BASE_DIGEST"])
     assert COMMIT.match(pinned["SLIME_COMMIT"]) and COMMIT.match(pinned["MEGATRON_COMMIT"])
-    flags = json.loads((ROOT / "slurm" / "slime_flags.json").read_text())["sources"]
+    flags = json.loads((ROOT / "slurm" / "backends" / "slime" / "flags.json").read_text())[
+        "sources"
+    ]
     assert pinned["SLIME_COMMIT"].startswith(flags["slime"]["commit"])  # one slime, everywhere
     assert pinned["MEGATRON_COMMIT"] == flags["megatron"]["commit"]
     assert pinned["SGLANG_VERSION"] == flags["sglang"]["version"]

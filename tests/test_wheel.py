@@ -98,8 +98,8 @@ def test_the_installed_package_is_the_wheels_and_reads_its_data_files(
     installed: Path, tmp_path: Path
 ) -> None:
     probe = (
-        "import json, slurm; from slurm.slime_args import presets; "
-        "from slurm.slime_checks import slime_flags; "
+        "import json, slurm; from slurm.backends.slime.args import presets; "
+        "from slurm.backends.slime.checks import slime_flags; "
         "print(json.dumps([slurm.__file__, sorted(presets()), len(slime_flags())]))"
     )
     result = run([str(installed / "python"), "-c", probe], tmp_path, clean_env(tmp_path))
@@ -141,6 +141,6 @@ def test_the_recipes_dry_run_reads_the_presets_from_the_wheel(
     result = run(command, tmp_path, clean_env(tmp_path))
     assert "FileNotFoundError" not in result.stderr and "slime_presets" not in result.stderr
     assert result.returncode == 0, result.stderr
-    # the preset's architecture, from the wheel's slime_presets.json, in slime's command line
+    # the preset's architecture, from the wheel's slurm/backends/slime/presets.json, in slime's command line
     assert "--num-layers 64" in result.stdout and "--hidden-size 5120" in result.stdout
     assert "wheel-test-token" not in result.stdout + result.stderr  # the dry run names, not shows

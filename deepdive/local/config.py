@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from deepdive.offline.world import WorldSizes
+from deepdive.rollout_settings import RolloutKnobs
 from services.typed_config import load_toml, require
 
 
@@ -91,18 +92,23 @@ class ModelSection:
 
 
 @dataclass(frozen=True)
-class RolloutSection:
-    max_turns: int = 8
+class RolloutSection(RolloutKnobs):
+    """The rollout's knobs (deepdive.rollout_settings.RolloutKnobs: the keys and defaults of
+    every backend, `[slime.deepdive]` too), then what only the local run has: the response
+    budget, the context, sampling, the engine's batch and the system prompt."""
+
+    KEYS: ClassVar[str] = "rollout."
+
     max_response_tokens: int = 512  # a one-hop demonstration takes 280-370
     max_context_tokens: int = 2048
     temperature: float = 0.7
     top_p: float = 1.0
-    on_malformed: Literal["fail", "continue"] = "fail"
     max_batch: int = 64  # requests the engine decodes together
     system_prompt: Literal["full", "compact"] = "compact"
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_response_tokens", "max_context_tokens", "max_batch"):
+        super().__post_init__()
+        for name in ("max_response_tokens", "max_context_tokens", "max_batch"):
             value = getattr(self, name)
             require(value >= 1, f"rollout.{name}", "at least 1", value)
         require(self.temperature >= 0, "rollout.temperature", ">= 0", self.temperature)

@@ -11,8 +11,20 @@ from deepdive.local.checkpoint import load_latest
 from deepdive.local.config import LocalRunConfig
 from services.exceptions import ConfigError
 
-# What a resumed run may change; any other change makes it a different run.
-RESUMABLE_KEYS = {"grpo.steps", "checkpoint.every", "checkpoint.keep", "run.resume", "run.threads"}
+# What a resumed run may change; any other change makes it a different run. The rollout's
+# timeouts, retries and abort limit bound how services are waited for, not what is learnt.
+RESUMABLE_KEYS = {
+    "grpo.steps",
+    "checkpoint.every",
+    "checkpoint.keep",
+    "run.resume",
+    "run.threads",
+    "rollout.tool_timeout_s",
+    "rollout.reward_timeout_s",
+    "rollout.generate_timeout_s",
+    "rollout.retries",
+    "rollout.max_aborted_share",
+}
 RESUMABLE_SECTIONS = {"eval"}
 
 

@@ -47,14 +47,13 @@ class Rollouts(Protocol):
 def settings_for(
     config: LocalRunConfig, sglang_url: str, tool_url: str, reward_url: str
 ) -> RolloutSettings:
-    rollout = config.rollout
-    return RolloutSettings(
+    """The run's rollout knobs ([rollout]) against these services."""
+    return RolloutSettings.of(
+        config.rollout,
         sglang_url=sglang_url,
         tool_server_url=tool_url,
         reward_server_url=reward_url,
-        max_turns=rollout.max_turns,
-        max_context_tokens=rollout.max_context_tokens,
-        on_malformed=rollout.on_malformed,
+        max_context_tokens=config.rollout.max_context_tokens,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from deepdive.aborts import check_aborted_share
 from deepdive.local.checkpoint import restore_rng, rng_state, save_checkpoint
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import (
@@ -23,6 +24,12 @@ from deepdive.local.run_log import RunLog, plot_rewards
 from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
 from services.files import atomic_path
+
+# a step with more episodes ABORTED than rollout.max_aborted_share stops the run
+LOCAL_HINTS = (
+    "The engine failed them (its log is the run's: an error on a batch, a worker that "
+    "stopped). The limit is rollout.max_aborted_share."
+)
 
 
 def train(
@@ -147,6 +154,7 @@ def grpo_step(
         sampling_params(config, config.rollout.temperature),
         f"{config.run.seed}:{step}",
     )
+    check_aborted_share(samples, config.rollout.max_aborted_share, step, hints=LOCAL_HINTS)
     per_node = {f"samples_node_{node}": count for node, count in rollouts.node_counts().items()}
     rollout_s = time.monotonic() - started
     rewards = [float(s.reward) for s in samples]

@@ -81,6 +81,12 @@ def config_from_args(args: argparse.Namespace) -> RewardServerConfig:
     )
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """What `run` builds from the options before it binds: the config (a ConfigError names
+    what is wrong)."""
+    config_from_args(args)
+
+
 def run(args: argparse.Namespace) -> None:
     token = prepare(args)
     config = config_from_args(args)

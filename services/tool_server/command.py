@@ -251,6 +251,15 @@ def config_from_args(args: argparse.Namespace) -> ToolServerConfig:
     )
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """What `run` builds from the options before it binds: the config and the workers'
+    supervision (a ConfigError names what is wrong)."""
+    config_from_args(args)
+    supervision_policy(args)
+    if args.workers is not None:
+        check_workers(args.workers)
+
+
 EXAMPLES = [
     "try: curl -s{auth} -X POST {base}/tool -H 'Content-Type: application/json' "
     '-d \'{{"session_id": "demo", "name": "search", "arguments": {{"query": "Ada Lovelace"}}}}\'',

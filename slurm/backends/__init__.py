@@ -1,20 +1,31 @@
 """Training backends: what node 0 trains with, behind one seam the launcher calls.
 
-A backend says what data must exist before the services start (`prepare`, on node 0), which
-services every node runs for it (`services`), the command node 0 runs to train (`command`, the
-job's exit code is that command's) and what a new attempt resumes from (`resume_point`).
-`local` is the CPU GRPO of `deepdive run`, spread over the job's nodes through Ray; `slime`
-is slime's train.py with our hooks.
+Before submission a backend checks its own config (`check`, returning warnings), says whether
+a run folder's saved config may be continued (`check_continues`) and lists the inputs it reads
+that are not on disk yet (`missing_inputs`). On the job it says what data must exist before
+the services start (`prepare`, on node 0), which services every node runs for it
+(`services`), the command node 0 runs to train (`command`, the job's exit code is that
+command's) and what a new attempt resumes from (`resume_point`). `deepdive eval` serves its
+checkpoints with the backend's engine (`eval_engine`). `local` is the CPU GRPO of `deepdive
+run`, spread over the job's nodes through Ray; `slime` is slime's train.py with our hooks.
+Nothing outside this package asks which backend it is (tests/test_backend_seam.py).
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from services.serving.workers import default_workers
-from slurm.config import ExperimentConfig
-from slurm.run_folder import AttemptFolder
+from services.exceptions import ConfigError
+
+# light: slurm.config imports the slime backend's tables from this package (`deepdive status
+# --help` among others), so what is only needed at run time is imported there
+if TYPE_CHECKING:
+    from deepdive.rollout_settings import RolloutKnobs
+    from slurm.config import ExperimentConfig
+    from slurm.run_folder import AttemptFolder
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,8 @@ class ServiceSpec:
 
     def worker_count(self, cores: int | None) -> int:
         """Its processes on a node with `cores` CPUs (None: this process's affinity)."""
+        from services.serving.workers import default_workers
+
         if self.workers is None:
             return 1
         return self.workers or default_workers(cores)
@@ -41,11 +54,69 @@ class ServiceSpec:
         return [*self.arguments, "--workers", str(self.worker_count(cores))]
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model `deepdive eval` serves."""
+
+    name: str  # as the table shows it
+    path: Path
+    kind: str  # hf (a Hugging Face folder) | step (a local training checkpoint)
+
+
+@dataclass(frozen=True)
+class EvalRollout:
+    """What training's rollout plays with: its knobs, the episode's context and the response
+    budget (the evaluation plays the same episodes)."""
+
+    knobs: RolloutKnobs
+    max_context_tokens: int
+    max_response_tokens: int
+
+
+class EvalEngine(Protocol):
+    """How `deepdive eval` serves a backend's checkpoints behind SGLang's /generate."""
+
+    description: str  # how --dry-run names it
+
+    def resolve(self, spec: str) -> Checkpoint:
+        """A --checkpoint (a path, or latest): what it is, or a ConfigError saying why not."""
+        ...
+
+    def check(self, checkpoint: Checkpoint) -> None:
+        """Refuse, before anything starts, a checkpoint this engine cannot serve training's
+        episodes with."""
+        ...
+
+    def serve(self, checkpoint: Checkpoint, logs: Path) -> AbstractContextManager[tuple[str, Any]]:
+        """The checkpoint behind /generate: (its URL, the tokenizer the rollout uses, or None
+        when the rollout loads it from args.hf_checkpoint)."""
+        ...
+
+    def rollout(self) -> EvalRollout: ...
+
+
 class Backend(Protocol):
     name: str
     # whether node 0 starts the trainer before every node is ready (it then waits for
     # cluster.json itself) or only once they all are
     starts_early: bool
+
+    def check(self) -> list[str]:
+        """Before submission: refuse what this backend cannot run (a ConfigError naming the
+        key); the warnings, for the caller to print."""
+        ...
+
+    def check_continues(self, saved: ExperimentConfig) -> None:
+        """The run folder was started with `saved` (same backend): a ConfigError when this
+        config cannot continue it (its checkpoints would not load, or it is another run)."""
+        ...
+
+    def missing_inputs(self) -> list[str]:
+        """What this backend reads that is not on disk yet, as "key: what is wrong"
+        (slurm.preflight lists them with the launcher's own)."""
+        ...
+
+    def eval_engine(self) -> EvalEngine: ...
 
     def prepare(self) -> dict[str, Any]:
         """Node 0, before any service starts: write what the services read; a summary."""
@@ -79,9 +150,20 @@ class Backend(Protocol):
 
 def build_backend(config: ExperimentConfig) -> Backend:
     if config.run.backend == "slime":
-        from slurm.backends.slime import SlimeBackend
+        from slurm.backends.slime.backend import SlimeBackend
 
         return SlimeBackend(config)
     from slurm.backends.local import LocalBackend
 
     return LocalBackend(config)
+
+
+def check_continues(config: ExperimentConfig, saved: ExperimentConfig, folder: Path) -> None:
+    """`folder` holds a run started with `saved`: `config` continues it only with the same
+    backend, and as that backend allows (`Backend.check_continues`)."""
+    if saved.run.backend != config.run.backend:
+        raise ConfigError(
+            f"{folder} holds a {saved.run.backend} run: run.backend = "
+            f"{config.run.backend!r} needs another run.folder"
+        )
+    build_backend(config).check_continues(saved)

@@ -11,15 +11,16 @@ by itself (deepdive.local.paths.resume_point).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
 from deepdive.local.checkpoint import load_latest
 from deepdive.local.data import prepare_data
-from deepdive.local.paths import RunPaths
+from deepdive.local.paths import RunPaths, resume_point
 from deepdive.local.stack import offline_tools_arguments
-from slurm.backends import ServiceSpec
+from slurm.backends import EvalEngine, ServiceSpec
 from slurm.config import ExperimentConfig, local_run_config
 from slurm.run_folder import AttemptFolder, RunFolder
 
@@ -34,6 +35,22 @@ class LocalBackend:
         self.experiment = config
         self.config = local_run_config(config)
         self.paths = RunPaths(Path(self.config.run.out))
+
+    def check(self) -> list[str]:
+        return []  # the [local.*] tables check themselves as they load
+
+    def check_continues(self, saved: ExperimentConfig) -> None:
+        """The run folder's newest checkpoint holds its config; resuming refuses another run
+        (deepdive.local.paths.resume_point)."""
+        resume_point(self.config, dataclasses.asdict(self.config), self.paths)
+
+    def missing_inputs(self) -> list[str]:
+        return []  # node 0 writes its world, data and model into the run folder
+
+    def eval_engine(self) -> EvalEngine:
+        from slurm.backends.local_eval import LocalEvalEngine
+
+        return LocalEvalEngine(self.experiment)
 
     def prepare(self) -> dict[str, Any]:
         return prepare_data(self.config, self.paths)

@@ -4,8 +4,9 @@ port plan, Ray head and workers with the backend's environment, services and joi
 trainer is the probe (slurm.smoke.ray_probe): Ray sees every node's GPUs and deepdive_node_K,
 and GPU actors with their own runtime envs start on every node.
 
-A slime experiment's tool server reads a small offline world here (node 0 writes it before
-any service starts, as a backend's data), so the step needs no key and no network.
+The `[services]` tool server (what slime's backend serves) reads a small offline world here
+(node 0 writes it before any service starts, as a backend's data), so the step needs no key
+and no network; a backend that serves its own world (local) leaves it unread.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from slurm.backends import Backend, ServiceSpec
+from slurm.backends import Backend, EvalEngine, ServiceSpec
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig
 from slurm.environment import NodeInfo
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
+from slurm.service_options import OptionValue
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.report import Check, failed, passed
@@ -36,6 +38,18 @@ class ProbeBackend:
         self.delegate = delegate
         self.probe = command
         self.world_folder = world_folder
+
+    def check(self) -> list[str]:
+        return self.delegate.check()
+
+    def check_continues(self, saved: ExperimentConfig) -> None:
+        self.delegate.check_continues(saved)
+
+    def missing_inputs(self) -> list[str]:
+        return self.delegate.missing_inputs()
+
+    def eval_engine(self) -> EvalEngine:
+        return self.delegate.eval_engine()
 
     def prepare(self) -> dict[str, Any]:
         if self.world_folder is not None:
@@ -75,14 +89,12 @@ class ProbeBootstrap(NodeBootstrap):
 
 
 def step_config(
-    config: ExperimentConfig, folder: Path, tools: list[str] | None
+    config: ExperimentConfig, folder: Path, tools: dict[str, OptionValue]
 ) -> ExperimentConfig:
-    """The experiment with its run folder in the kit's folder (and, for a slime experiment,
-    the tool server over the kit's world)."""
+    """The experiment with its run folder in the kit's folder and `[services.tools]` over the
+    kit's world."""
     run = dataclasses.replace(config.run, name=f"{config.run.name}-smoke", folder=str(folder))
-    services = config.services
-    if tools is not None:
-        services = dataclasses.replace(services, tools=tools)
+    services = dataclasses.replace(config.services, tools=tools)
     return dataclasses.replace(config, run=run, services=services)
 
 
@@ -121,11 +133,8 @@ def bootstrap_checks(
 
 def run(context: SmokeContext) -> list[Check]:
     folder = context.step_folder("3-ray") / "run"
-    tools = None
-    world_folder = None
-    if context.config.run.backend == "slime":
-        world_folder = folder / "world"
-        tools = world.SmokeWorld(world_folder).tools_arguments()
+    world_folder = folder / "world"
+    tools = world.SmokeWorld(world_folder).tools_table()
     config = step_config(context.config, folder, tools)
     result = folder / "probe.json"
     node = context.node

@@ -24,14 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from services.exceptions import ServiceError
-from slurm.bootstrap import NodeBootstrap
-from slurm.config import ExperimentConfig
-from slurm.conversion import Conversion, plan, run_to_folder
-from slurm.environment import NodeInfo
-from slurm.run_folder import RunFolder, write_json
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
-from slurm.slime_config import (
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.config import (
     SlimeCheckpoint,
     SlimeModel,
     SlimeResources,
@@ -39,6 +34,12 @@ from slurm.slime_config import (
     SlimeSection,
     SlimeSGLang,
 )
+from slurm.backends.slime.conversion import Conversion, plan, run_to_folder
+from slurm.bootstrap import NodeBootstrap
+from slurm.config import ExperimentConfig
+from slurm.environment import NodeInfo
+from slurm.run_folder import RunFolder, write_json
+from slurm.service_options import OptionValue
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus
@@ -68,7 +69,7 @@ REFERENCE_FLAGS = (
 
 def recipe(
     config: ExperimentConfig, folder: Path, model: str, ref_load: str, prompts: Path,
-    tools: list[str], gpus: int,
+    tools: dict[str, OptionValue], gpus: int,
 ) -> ExperimentConfig:  # fmt: skip
     """The smoke run's experiment: one node, the image's slime paths, the rest fixed."""
     image = config.slime
@@ -104,8 +105,7 @@ def recipe(
         deepdive=dataclasses.replace(section.deepdive, max_turns=4),
     )
     probe = dataclasses.replace(config, slime=section)
-    urls = {"tools": "http://tools.invalid", "reward": "http://reward.invalid"}
-    emitted = slime_arguments(probe, folder / "probe.yaml", urls).flags()
+    emitted = slime_arguments(probe, folder / "probe.yaml").flags()
     wanted = [*REFERENCE_FLAGS, (GPUS_PER_NODE_FLAG, str(gpus))]
     extra = [item for flag in wanted if flag[0] not in emitted for item in flag]
     section = dataclasses.replace(section, extra_args=extra)
@@ -116,7 +116,7 @@ def recipe(
         ),
         slurm=dataclasses.replace(config.slurm, nodes=1, gpus_per_node=gpus),
         services=dataclasses.replace(
-            config.services, host="127.0.0.1", tools=tools, reward=["--judge", "rule"]
+            config.services, host="127.0.0.1", tools=tools, reward={"judge": "rule"}
         ),
         slime=section,
     )
@@ -171,7 +171,7 @@ def run(context: SmokeContext) -> list[Check]:
     data = world.write(folder / "world")
     reference = converted / f"{Path(model).name}_torch_dist"
     config = recipe(
-        context.config, folder, model, str(reference), data.prompts, data.tools_arguments(), gpus
+        context.config, folder, model, str(reference), data.prompts, data.tools_table(), gpus
     )
     seconds = convert(context, config, plan(config, "to-megatron"))
     checks = [passed("to-megatron", f"{model} -> {reference} in {seconds:.0f} s")]

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdive.convert import convert
-from deepdive.local.stack import offline_tools_arguments
 from deepdive.offline.build import write_world
 from deepdive.offline.world import WorldSizes
+from slurm.service_options import OptionValue
 
 SIZES = WorldSizes(
     people=24,
@@ -35,9 +35,14 @@ class SmokeWorld:
     def prompts(self) -> Path:
         return self.folder / "prompts.jsonl"
 
-    def tools_arguments(self) -> list[str]:
-        """`[services] tools`: the tool server over this world's pages (offline search)."""
-        return offline_tools_arguments(self.folder)[1:]  # without the leading "tools"
+    def tools_table(self) -> dict[str, OptionValue]:
+        """`[services.tools]`: the tool server over this world's pages (offline search)."""
+        return {
+            "search": "offline",
+            "reader": "offline",
+            "no_index_cache": True,
+            "corpus": str(self.corpus),
+        }
 
 
 def write(folder: Path, seed: int = 1) -> SmokeWorld:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from deepdive.local.config import LocalRunConfig, load_local_config
+from deepdive.local.rollouts import settings_for
 from services.exceptions import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,18 @@ def test_bad_config_fails_with_the_key_and_the_expected_value(
         load_local_config(path)
     assert message in caught.value.message
     assert caught.value.message.startswith(str(path))
+
+
+def test_the_local_rollout_plays_with_its_tables_knobs() -> None:
+    """[rollout]'s timeouts and retries reach the rollout (it had none: the hook's own
+    defaults applied whatever the file said)."""
+    config = load_local_config(
+        None, ["rollout.tool_timeout_s=7", "rollout.retries=0", "rollout.generate_timeout_s=9"]
+    )
+    settings = settings_for(config, "http://engine:1", "http://tools:2", "http://reward:3")
+    assert (settings.tool_timeout_s, settings.generate_timeout_s, settings.retries) == (7, 9, 0)
+    assert (settings.max_turns, settings.max_context_tokens) == (64, 2048)
+    assert settings.tool_server_url == "http://tools:2"
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:

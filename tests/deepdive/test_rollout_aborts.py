@@ -5,9 +5,11 @@ line, bounded), and nothing SGLang sends back raises out of the rollout."""
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import logging
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -15,12 +17,24 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from deepdive.aborts import MESSAGE_CHARS, RolloutAborted, sglang_message
 from deepdive.clients import close_clients
+from deepdive.local.config import load_local_config
+from deepdive.local.context import RunContext
+from deepdive.local.episodes import WORLD
+from deepdive.local.paths import RunPaths
+from deepdive.local.prompts import PromptSampler
+from deepdive.local.rollouts import InProcessRollouts, settings_for
+from deepdive.local.training import grpo_step
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool
-from deepdive.rollout_settings import EVAL_LOG_FUNCTION_PATH, ROLLOUT_LOG_FUNCTION_PATH
+from deepdive.rollout_settings import (
+    EVAL_LOG_FUNCTION_PATH,
+    ROLLOUT_LOG_FUNCTION_PATH,
+    rollout_args,
+)
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.logs import register_secret
@@ -335,3 +349,23 @@ def test_samples_aborted_elsewhere_are_counted_whatever_their_metadata() -> None
     args = make_args("http://127.0.0.1:9", {"tools": "http://t", "reward": "http://r"})
     with pytest.raises(RolloutAborted, match=r"\[3x\] no error recorded"):
         load_function(ROLLOUT_LOG_FUNCTION_PATH)(0, args, [odd], {}, 1.0)  # nested: flattened
+
+
+def test_a_local_step_mostly_aborted_stops_the_run_too(tmp_path: Path) -> None:
+    """`[local.rollout] max_aborted_share` is the same rule for the local run: a GRPO step whose
+    episodes the engine aborted stops before it trains on them (here every episode: the
+    engine aborts each turn)."""
+    from deepdive.local.model import train_tokenizer
+
+    tokenizer = train_tokenizer(["who made the orrery search finish"] * 20, vocab_size=300)
+    row = {"input_messages": [{"role": "user", "content": "Who made the orrery?"}], "label": "x"}
+    overrides = ["grpo.prompts_per_step=1", "grpo.samples_per_prompt=2", "rollout.retries=0"]
+    config = load_local_config(None, overrides)
+    run = RunContext(config, RunPaths(tmp_path), Console(file=io.StringIO()))
+    closed = "http://127.0.0.1:9"
+    with serve_in_thread(FakeSGLang([]).app()) as sglang:
+        args = rollout_args(settings_for(config, sglang, closed, closed), tokenizer)
+        rollouts = InProcessRollouts(engine=None, args={WORLD: args})
+        with pytest.raises(RolloutAborted, match=r"^rollout 3: 2 of 2 episodes ABORTED") as error:
+            grpo_step(run, 3, None, rollouts, [row], PromptSampler(1, 0))  # type: ignore[arg-type]
+    assert "The limit is rollout.max_aborted_share." in str(error.value)

@@ -4,7 +4,6 @@ output goes, the failure drill, and how many tool server workers a node runs on 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -125,11 +124,11 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
 ) -> None:
     """What the bootstrap's services phase does, without a cluster: the tool server's workers
     on the first ports of its range, every one ready, and their URLs what the rollout gets."""
-    tools = ["--search", "offline", "--reader", "offline", "--corpus", str(corpus_file)]
+    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", no_index_cache=true}}'
     overrides = [
         f'run.folder="{tmp_path / "run"}"',
         'run.backend="slime"',
-        f"services.tools={json.dumps([*tools, '--no-index-cache'])}",
+        f"services.tools={tools}",
         "services.tool_workers=2",
     ]
     node = NodeInfo("424242", 0, 1, "host", "n0", restart_count=0, cpus=3)
@@ -142,9 +141,10 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
         bootstrap._stop_children()
     workers = [f"http://127.0.0.1:{port}" for port in (ports.tools, ports.tools + 1)]
     assert urls == {"tools": ",".join(workers), "reward": f"http://127.0.0.1:{ports.reward}"}
-    assert RolloutSettings("http://s:1", urls["tools"], urls["reward"]).tool_server_urls == tuple(
-        workers
+    settings = RolloutSettings(
+        sglang_url="http://s:1", tool_server_url=urls["tools"], reward_server_url=urls["reward"]
     )
+    assert settings.tool_server_urls == tuple(workers)
 
 
 def bootstrap_at(tmp_path: Path, node: int, clock: FakeClock, cpus: int = 2) -> NodeBootstrap:

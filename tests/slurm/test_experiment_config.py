@@ -3,11 +3,14 @@ naming the key and what it expects (as the CLI prints it: one line, exit code 2)
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
+from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
 from slurm.preflight import missing_inputs, require_inputs
@@ -31,6 +34,51 @@ def test_the_shipped_experiment_loads_with_absolute_paths() -> None:
     )
     assert config.slurm.nodes == 2 and config.run.backend == "local"
     assert local_run_config(config).run.out == config.run.folder  # the backend writes there
+
+
+def test_both_backends_take_the_rollouts_knobs_with_one_set_of_defaults() -> None:
+    """[slime.deepdive], [local.rollout] and what the hook reads when slime's args do not
+    say: the same keys, the same defaults (they were 300 s and 5 retries, no key at all, and
+    120 s and 3 retries)."""
+    config = ExperimentConfig()
+    slime = dataclasses.asdict(config.slime.deepdive)
+    local = dataclasses.asdict(config.local.rollout)
+    assert {key: local.get(key) for key in slime} == slime
+    urls = {f"deepdive_{name}_url": f"http://{name}:1" for name in ("sglang", "tool_server")}
+    read = settings_from_args(Namespace(**urls, deepdive_reward_server_url="http://r:1"))
+    assert {key: getattr(read, key) for key in slime} == slime
+
+
+def test_each_service_runs_with_the_arguments_its_table_gives(tmp_path: Path) -> None:
+    """[services.tools] and [services.reward] become the services' own command lines on the
+    node (the slime backend's), which their own parsers read as the table said."""
+    from services.cli import service_parser
+    from slurm.backends import build_backend
+
+    text = (  # `backend` goes into the [run] table `write` opens
+        'backend = "slime"\n[services.tools]\nsearch = "serper"\nreader = "jina"\n'
+        'block_domain = ["a.org", "b.org"]\nno_cache = true\ndeadline = 30\n'
+        '[services.reward]\njudge = "openai"\njudge_model = "gpt-4o-mini"\n'
+    )
+    config = load_experiment(write(tmp_path, text))
+    specs = {spec.name: spec for spec in build_backend(config).services()}
+    tools = specs["tools"].arguments
+    assert tools[:11] == (
+        "tools", "--search", "serper", "--reader", "jina", "--block-domain", "a.org",
+        "--block-domain", "b.org", "--no-cache", "--deadline",
+    )  # fmt: skip
+    parsed = service_parser("tools").parse_args(list(tools[1:]))
+    assert (parsed.search, parsed.reader, parsed.block_domain) == (
+        "serper",
+        "jina",
+        ["a.org", "b.org"],
+    )
+    assert (parsed.no_cache, parsed.deadline) == (True, 30.0)
+    reward = service_parser("reward").parse_args(list(specs["reward"].arguments[1:]))
+    assert (reward.judge, reward.judge_model) == ("openai", "gpt-4o-mini")
+    # a path is taken from where you submit, as the experiment's others
+    here = load_experiment(write(tmp_path, '[services.tools]\ncorpus = "pages.jsonl"\n'))
+    assert here.services.tools["corpus"] == str(Path.cwd() / "pages.jsonl")
 
 
 def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
@@ -69,6 +117,30 @@ def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
         ('[local.run]\nout = "elsewhere"\n', "local.run.out: expected left unset"),
         ("[local.grpo]\nlr = -1\n", "grpo.lr: expected a positive number"),
         ("[local.grpo]\nstepz = 1\n", "[local.grpo]: unknown key 'stepz'"),
+        # the rollout's knobs: checked at load, under the key of the table that holds them
+        (
+            "[slime.deepdive]\ntool_timeout_s = 0\n",
+            "slime.deepdive.tool_timeout_s: expected a positive number",
+        ),
+        ("[slime.deepdive]\nretries = -1\n", "slime.deepdive.retries: expected a whole number"),
+        ("[local.rollout]\nreward_timeout_s = 0\n", "rollout.reward_timeout_s: expected a pos"),
+        ("[local.rollout]\nmax_aborted_share = 2\n", "rollout.max_aborted_share: expected a"),
+        # each service's options: read by the service's own parser and config at load
+        ('[services.tools]\nsearch = "serpr"\n', "services.tools.search: invalid choice: 'serpr'"),
+        (
+            '[services.tools]\nsearhc = "serper"\n',
+            "services.tools.searhc: not an option of `python -m services tools` (did you mean "
+            "search?)",
+        ),
+        (
+            "[services.tools]\ndeadline = -1\n",
+            "services.tools.deadline: call_deadline_s: expected a positive number",
+        ),
+        ("[services.tools]\nport = 8700\n", "services.tools.port: set by the launcher (the n"),
+        ('[services.tools]\nno_cache = "yes"\n', "services.tools.no_cache: a switch: true or"),
+        ('[services.tools]\ngl = ["us", "de"]\n', "services.tools.gl: takes one value, not a"),
+        ('[services.reward]\njudge = "gpt"\n', "services.reward.judge: invalid choice: 'gpt'"),
+        ('[services]\ntools = ["--serch", "serper"]\n', "services.tools: expected a table"),
         ("[run]\n", "Cannot declare"),  # a table written twice is not TOML
         (  # no SLURM_* inside the image: submitit cannot run (seen on the 2-host cluster)
             '[container]\noptions = ["--containall"]\n',
@@ -98,6 +170,10 @@ def test_a_missing_run_folder_is_an_error(tmp_path: Path) -> None:
         (
             '[services]\nenv_file = "/nowhere/keys.env"\n',
             "services.env_file: env file /nowhere/keys.env: no such file",
+        ),
+        (
+            'backend = "slime"\n[services.tools]\ncorpus = "/nowhere/corpus.jsonl"\n',
+            "services.tools.corpus: /nowhere/corpus.jsonl: no such file",
         ),
     ],
 )

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.checks import check_slime
 from slurm.config import ExperimentConfig
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
 from slurm.smoke import (
     collective,
     collective_worker,
@@ -241,9 +241,9 @@ def test_the_probe_is_started_with_arguments_its_parser_accepts(tmp_path: Path) 
     command = ray_step.probe_command(context, tmp_path / "probe.json")
     args = ray_probe.parse(command[3:])
     assert (args.nodes, args.gpus_per_node, args.result) == (1, 4, tmp_path / "probe.json")
-    step = ray_step.step_config(config, tmp_path / "kit" / "run", ["--search", "offline"])
+    step = ray_step.step_config(config, tmp_path / "kit" / "run", {"search": "offline"})
     assert step.run.folder == str(tmp_path / "kit" / "run")
-    assert step.services.tools == ["--search", "offline"]
+    assert step.services.tools == {"search": "offline"}
 
 
 @pytest.mark.slow
@@ -336,7 +336,7 @@ def smoke_recipe(tmp_path: Path, gpus: int = 4) -> ExperimentConfig:
     prompts.write_text("")
     return slime_step.recipe(
         ExperimentConfig(), tmp_path / "run", str(model), str(tmp_path / "ref"), prompts,
-        ["--search", "offline", "--corpus", "c.jsonl"], gpus,
+        {"search": "offline", "corpus": "c.jsonl"}, gpus,
     )  # fmt: skip
 
 
@@ -354,8 +354,7 @@ def test_the_slime_recipe_passes_the_launchers_checks_and_follows_slimes_script(
 ) -> None:
     config = smoke_recipe(tmp_path)
     check_slime(config)  # what `deepdive submit` refuses, the kit's run would too
-    urls = {"tools": "http://t.invalid", "reward": "http://r.invalid"}
-    argv = values(slime_arguments(config, tmp_path / "c.yaml", urls).arguments())
+    argv = values(slime_arguments(config, tmp_path / "c.yaml").arguments())
     # slime's scripts/run-qwen2.5-0.5B-reproducibility.sh (624b824), where this run keeps it
     reference = {
         "--rollout-num-gpus-per-engine": "1", "--colocate": "", "--calculate-per-token-loss": "",
@@ -378,9 +377,9 @@ def test_the_slime_recipe_passes_the_launchers_checks_and_follows_slimes_script(
     assert argv["--custom-generate-function-path"] == "deepdive.rollout.generate_with_tool"
     assert argv["--num-rollout"] == argv["--save-interval"] == str(slime_step.ROLLOUTS)
     assert config.slurm.nodes == 1 and config.services.host == "127.0.0.1"
-    assert config.services.tools[-1] == "c.jsonl" and config.run.backend == "slime"
+    assert config.services.tools["corpus"] == "c.jsonl" and config.run.backend == "slime"
     # each flag once, whatever the builder emits itself
-    flags = [item for item in slime_arguments(config, tmp_path / "c.yaml", urls).arguments()
+    flags = [item for item in slime_arguments(config, tmp_path / "c.yaml").arguments()
              if item.startswith("--")]  # fmt: skip
     assert len(flags) == len(set(flags))
 

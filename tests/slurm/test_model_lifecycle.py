@@ -16,7 +16,7 @@ import pytest
 import tomli_w
 
 from services.exceptions import ConfigError
-from slurm.conversion import ConversionFailed, run_to_folder
+from slurm.backends.slime.conversion import ConversionFailed, run_to_folder
 from tests.helpers import DEEPDIVE, TINY_JOB
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,6 @@ no shipped config binds a wildcard."""
 
 from __future__ import annotations
 
-import json
 import tomllib
 from pathlib import Path
 
@@ -33,12 +32,12 @@ def test_no_shipped_config_binds_every_interface(path: Path) -> None:
 def test_a_node_binds_its_services_to_its_own_address(tmp_path: Path, corpus_file: Path) -> None:
     """The bootstrap's services phase, without a cluster: host "node" becomes this machine's
     cluster address (a token is then required, and given, as on a real node)."""
-    tools = ["--search", "offline", "--reader", "offline", "--corpus", str(corpus_file)]
+    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", no_index_cache=true}}'
     overrides = [
         f'run.folder="{tmp_path / "run"}"',
         'run.backend="slime"',
         f'services.host="{NODE_ADDRESS}"',
-        f"services.tools={json.dumps([*tools, '--no-index-cache'])}",
+        f"services.tools={tools}",
         "services.tool_workers=1",
     ]
     node = NodeInfo("424243", 0, 1, "host", "n0", restart_count=0, cpus=1)

@@ -1,4 +1,4 @@
-"""The slime backend's config, argument builder and checks (slurm/slime_*.py): slime's
+"""The slime backend's config, argument builder and checks (slurm/backends/slime/): slime's
 command line against a recorded file, every emitted flag in slime's flag list, and each check
 with a failing example. slime cannot be installed here; the flag list comes from its parsers at
 the pinned commits (scripts/slime_flags.py)."""
@@ -13,15 +13,18 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import tomli_w
 import yaml
 
 from deepdive.rollout_settings import settings_from_args
 from services.exceptions import ConfigError
-from slurm.backends.slime import SlimeBackend
+from slurm.backends import build_backend
+from slurm.backends.slime.args import custom_config, presets, render, slime_arguments
+from slurm.backends.slime.backend import SlimeBackend
+from slurm.backends.slime.checks import check_slime, slime_flags
+from slurm.command import check_same_run
 from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import AttemptFolder, RunFolder
-from slurm.slime_args import presets, render, slime_arguments
-from slurm.slime_checks import check_slime, slime_flags
 from tests.helpers import DEEPDIVE, SLIME_RECIPE
 from tests.helpers import slime_overrides as overrides
 from tests.helpers import slime_recipe as recipe
@@ -45,11 +48,7 @@ def check(name: str, text: str) -> None:
 def test_the_recipe_passes_every_check_and_renders_as_recorded(world: dict[str, Path]) -> None:
     config = recipe(world)
     check_slime(config)
-    command = slime_arguments(
-        config,
-        Path("/run/attempt/deepdive_rollout.yaml"),
-        {"tools": "http://10.0.0.1:20010", "reward": "http://10.0.0.1:20011"},
-    )
+    command = slime_arguments(config, Path("/run/attempt/deepdive_rollout.yaml"))
     check("slime_command.txt", placeholders(render(command, "/opt/slime/train.py"), world) + "\n")
     # the hooks are ours, the run folder holds the checkpoints, no --group-rm, ever
     arguments = command.arguments()
@@ -85,9 +84,7 @@ def test_every_emitted_flag_is_a_flag_of_slime(world: dict[str, Path]) -> None:
         "slime.parallelism.recompute_num_layers=1",
         "slime.sglang.context_length=65536",
     )
-    command = slime_arguments(
-        config, Path("/x.yaml"), {"tools": "http://a/", "reward": "http://b/"}
-    )
+    command = slime_arguments(config, Path("/x.yaml"))
     unknown = [flag for flag in command.flags() if flag not in slime_flags()]
     assert not unknown
     assert "--dynamic-sampling-filter-path" in command.flags()
@@ -97,8 +94,7 @@ def test_every_emitted_flag_is_a_flag_of_slime(world: dict[str, Path]) -> None:
 def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str, Path]) -> None:
     config = recipe(world)
     urls = {"tools": "http://10.0.0.1:20010", "reward": "http://10.0.0.1:20011"}
-    command = slime_arguments(config, Path("/x.yaml"), urls)
-    written = yaml.safe_load(yaml.safe_dump(command.custom_config))
+    written = yaml.safe_load(yaml.safe_dump(custom_config(config, urls)))
     assert "deepdive_sglang_url" not in written  # inside slime: its router
     # slime sets every key of the file on args (slime/utils/arguments.py, lines 2013-2019)
     args = Namespace(
@@ -110,7 +106,7 @@ def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str,
     settings = settings_from_args(args)
     assert settings.sglang_url == "http://10.0.0.1:30000"
     assert (settings.tool_server_url, settings.reward_server_url) == (urls["tools"], urls["reward"])
-    assert (settings.max_turns, settings.on_malformed, settings.retries) == (64, "fail", 5)
+    assert (settings.max_turns, settings.on_malformed, settings.retries) == (64, "fail", 4)
 
 
 def cluster_note(attempt: AttemptFolder, nodes: list[tuple[list[str], str]]) -> None:
@@ -349,3 +345,58 @@ def test_the_recipe_without_its_files_fails_before_anything_is_submitted(tmp_pat
     assert result.returncode == 2 and "Traceback" not in result.stderr
     # the first missing file loading checks (the image, on the submitting host, comes after)
     assert "services.env_file" in result.stderr
+
+
+def test_a_run_folder_continues_only_the_run_it_was_started_with(world: dict[str, Path]) -> None:
+    """The backend says what its checkpoints fix (slime: the model and the layout); another
+    backend never continues a folder."""
+    config = recipe(world)
+    run = RunFolder(config.folder)
+    run.root.mkdir(parents=True)
+    run.config.write_text(tomli_w.dumps(config.as_dict()))
+    check_same_run(recipe(world, "slime.rollout.num_rollout=10"), run)  # the same run
+    with pytest.raises(ConfigError, match=r"started with another slime.parallelism: its check"):
+        check_same_run(recipe(world, "slime.parallelism.tensor=8"), run)
+    with pytest.raises(ConfigError, match=r"holds a slime run: run.backend = 'local' needs"):
+        check_same_run(recipe(world, 'run.backend="local"'), run)
+
+
+def test_eval_plays_trainings_episodes_with_the_backends_engine(world: dict[str, Path]) -> None:
+    """Each backend's engine: what a checkpoint is, and training's knobs, context and response
+    budget (evaluation used the hook's own defaults for the timeouts and retries before)."""
+    slime = build_backend(recipe(world, "slime.deepdive.tool_timeout_s=42")).eval_engine()
+    assert slime.description.startswith("SGLang")
+    played = slime.rollout()
+    assert (played.knobs.tool_timeout_s, played.knobs.retries) == (42, 4)
+    assert (played.max_context_tokens, played.max_response_tokens) == (32768, 32768)
+    assert slime.resolve(str(world["model"])).kind == "hf"
+    with pytest.raises(ConfigError, match=r"not a Hugging Face model folder \(config.json\)$"):
+        slime.resolve(str(world["root"]))  # a training checkpoint is not served: converted first
+    local = build_backend(recipe(world, 'run.backend="local"', "local.rollout.retries=1"))
+    engine = local.eval_engine()
+    assert engine.description == "the local engine"
+    assert (engine.rollout().knobs.retries, engine.rollout().max_response_tokens) == (1, 512)
+    with pytest.raises(ConfigError, match=r"nor a training checkpoint \(state.pt\)"):
+        engine.resolve(str(world["root"]))
+
+
+def test_eval_and_convert_checkpoint_are_the_backends_own(world: dict[str, Path]) -> None:
+    model = str(world["model"])
+    rows = world["root"] / "eval.jsonl"
+    rows.write_text('{"input_messages": [], "label": "x"}\n')
+    eval_dry_run = subprocess.run(
+        [*DEEPDIVE, "eval", str(RECIPE), "--checkpoint", model, "--data", str(rows),
+         "--dry-run", *[item for value in overrides(world) for item in ("--set", value)]],
+        capture_output=True, text=True, timeout=60, cwd=world["root"],
+    )  # fmt: skip
+    assert eval_dry_run.returncode == 0, eval_dry_run.stderr
+    served = (
+        f"Qwen2.5-32B-Instruct: {model} (hf), served by SGLang (python -m sglang.launch_server)"
+    )
+    assert served in eval_dry_run.stdout
+    local = subprocess.run(
+        [*DEEPDIVE, "convert-checkpoint", "to-hf", str(ROOT / "configs" / "cluster-local.toml"),
+         "--dry-run"],
+        capture_output=True, text=True, timeout=60, cwd=world["root"],
+    )  # fmt: skip
+    assert local.returncode == 2 and "convert-checkpoint converts slime checkpoints" in local.stderr

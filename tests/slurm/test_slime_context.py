@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 
 from services.exceptions import ConfigError
-from slurm.evaluate import Checkpoint, evaluate
-from slurm.model_context import model_context
-from slurm.sglang_server import server_command
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
+from slurm.backends import Checkpoint
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.model_context import model_context
+from slurm.backends.slime.sglang_server import server_command
+from slurm.evaluate import evaluate
 from tests.helpers import QWEN25_32B
 from tests.helpers import slime_recipe as recipe
-
-URLS = {"tools": "http://a/", "reward": "http://b/"}
 
 
 def flag(arguments: list[str], name: str) -> str:
@@ -39,7 +38,7 @@ def test_the_recipe_asks_for_the_context_the_model_serves_and_tells_sglang(
 ) -> None:
     config = recipe(world)
     assert check_slime(config) == []
-    arguments = slime_arguments(config, Path("/x.yaml"), URLS).arguments()
+    arguments = slime_arguments(config, Path("/x.yaml")).arguments()
     assert flag(arguments, "--rollout-max-context-len") == "32768"
     assert flag(arguments, "--sglang-context-length") == "32768"  # pinned, not SGLang's guess
     assert int(flag(arguments, "--rollout-max-response-len")) <= 32768
@@ -80,7 +79,7 @@ def test_a_longer_model_context_is_used_as_far_as_asked(world: dict[str, Path]) 
     write_model(world["model"], max_position_embeddings=131072)
     config = recipe(world, "slime.rollout.max_context_len=65536")
     check_slime(config)  # refuses nothing (it warns of memory at twice the tokens)
-    arguments = slime_arguments(config, Path("/x.yaml"), URLS).arguments()
+    arguments = slime_arguments(config, Path("/x.yaml")).arguments()
     assert flag(arguments, "--sglang-context-length") == "65536"
 
 

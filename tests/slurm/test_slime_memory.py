@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm.memory_estimate import estimate
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.memory_estimate import estimate
 from tests.helpers import DEEPDIVE, QWEN25_32B
 from tests.helpers import SLIME_RECIPE as RECIPE
 from tests.helpers import slime_overrides as overrides
@@ -33,9 +33,7 @@ PARAMETERS = 64 * (5120 * 128 * 96 + 3 * 5120 * 27648) + 2 * 152064 * 5120
 
 
 def test_the_recipe_passes_slimes_32b_memory_settings(world: dict[str, Path]) -> None:
-    arguments = slime_arguments(
-        recipe(world), Path("/x.yaml"), {"tools": "http://a/", "reward": "http://b/"}
-    ).arguments()
+    arguments = slime_arguments(recipe(world), Path("/x.yaml")).arguments()
     for flag, value in (
         ("--recompute-granularity", "full"),
         ("--recompute-method", "uniform"),

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from services.exceptions import ConfigError
-from slurm.backends.slime import SlimeBackend
+from slurm.backends.slime.args import slime_arguments
+from slurm.backends.slime.backend import SlimeBackend
+from slurm.backends.slime.checks import check_slime
 from slurm.network import interface_addresses, interface_for
-from slurm.slime_args import slime_arguments
-from slurm.slime_checks import check_slime
 from tests.helpers import slime_recipe as recipe
 
 TABLE = {"lo": ["127.0.0.1"], "eth0": ["10.1.2.3"], "ib0": ["172.16.0.9", "172.16.1.9"]}
@@ -89,7 +89,5 @@ def test_a_4_gpu_node_tells_slime_it_has_4(world: dict[str, Path]) -> None:
         "slime.resources.rollout_num_gpus=8",
     )
     check_slime(config)
-    arguments = slime_arguments(
-        config, Path("/x.yaml"), {"tools": "http://a/", "reward": "http://b/"}
-    ).arguments()
+    arguments = slime_arguments(config, Path("/x.yaml")).arguments()
     assert arguments[arguments.index("--num-gpus-per-node") + 1] == "4"

@@ -33,9 +33,9 @@ from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from fakes.upstream import create_app as create_upstream_app
 from services.process import ServiceProcess
-from slurm.backends.slime import CUSTOM_CONFIG, SlimeBackend
+from slurm.backends.slime.backend import CUSTOM_CONFIG, SlimeBackend
+from slurm.backends.slime.replay import replay
 from slurm.run_folder import RunFolder
-from slurm.slime_replay import replay
 from tests.helpers import DOCUMENTS, TOKENIZER, counting, reward_app, serve_in_thread
 from tests.helpers import slime_recipe as recipe
 
@@ -104,7 +104,7 @@ def write_cluster_note(path: Path, nodes: list[dict[str, Any]]) -> None:
 
 def slime_args(world: dict[str, Path], nodes: list[dict[str, Any]], sglang: str) -> Namespace:
     """slime's args for the rollout of a 2-node job: train.py's argv as slime parses it (its
-    parsers replayed, slurm/slime_replay.py), then every key of the YAML node 0 wrote set on
+    parsers replayed, slurm/backends/slime/replay.py), then every key of the YAML node 0 wrote set on
     them (slime/utils/arguments.py, lines 2013-2019), then the router's address slime fills in
     once its router is up; the byte tokenizer stands in for hf_checkpoint's."""
     backend = SlimeBackend(recipe(world))

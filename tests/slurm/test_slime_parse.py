@@ -4,8 +4,8 @@ TOML meant. slime cannot be installed in CI, so two records taken where it impor
 - golden/slime_parse.json (scripts/slime_parse.py): for every config in configs/ with backend
   "slime", the argv and what slime's own parsers made of it at 624b824 (and that its whole
   parse_args, validation included, accepted it);
-- slurm/slime_flags.json "parsers" (scripts/slime_flags.py): slime's four parsers, which
-  slurm/slime_replay.py rebuilds, so any argv (every variant of a config) is parsed here as
+- slurm/backends/slime/flags.json "parsers" (scripts/slime_flags.py): slime's four parsers, which
+  slurm/backends/slime/replay.py rebuilds, so any argv (every variant of a config) is parsed here as
   slime would parse it. The first record holds the replay to slime's own result.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from services.exceptions import ConfigError
+from slurm.backends.slime.args import max_tokens_per_gpu, slime_arguments
+from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.replay import replay
 from slurm.config import ExperimentConfig, load_experiment
-from slurm.slime_args import max_tokens_per_gpu, slime_arguments
-from slurm.slime_checks import check_slime
-from slurm.slime_replay import replay
 from tests.helpers import slime_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,6 @@ RERECORD = (
 # set by Megatron-LM's parse_args after parsing, from RANK and WORLD_SIZE
 # (megatron/training/arguments.py, lines 113-114), not by any flag
 FROM_ENVIRONMENT = {"rank", "world_size"}
-URLS = {"tools": "http://a/", "reward": "http://b/"}
 
 
 def recorded_world(root: Path) -> None:
@@ -57,7 +56,7 @@ def load(name: str, root: Path, *extra: str) -> ExperimentConfig:
 
 
 def argv(config: ExperimentConfig, root: Path) -> list[str]:
-    command = slime_arguments(config, root / "deepdive_rollout.yaml", RECORD["world"]["urls"])
+    command = slime_arguments(config, root / "deepdive_rollout.yaml")
     return command.arguments()
 
 
@@ -150,7 +149,7 @@ def test_slime_reads_the_values_the_toml_meant(name: str, tmp_path: Path) -> Non
 def test_eval_sets_arrive_as_one_list_of_names_and_paths(world: dict[str, Path]) -> None:
     sets = f'{{ bc = "{world["prompts"]}", web = "{world["prompts"]}" }}'
     config = slime_recipe(world, f"slime.eval.sets={sets}", "slime.eval.interval=5")
-    arguments = slime_arguments(config, Path("/x.yaml"), URLS)
+    arguments = slime_arguments(config, Path("/x.yaml"))
     namespace = replay(arguments.arguments()).namespace
     path = str(world["prompts"])
     assert namespace["eval_prompt_data"] == ["bc", path, "web", path]
@@ -158,9 +157,7 @@ def test_eval_sets_arrive_as_one_list_of_names_and_paths(world: dict[str, Path])
 
 
 def test_the_extra_args_arrive_as_their_flags_mean(world: dict[str, Path]) -> None:
-    namespace = replay(
-        slime_arguments(slime_recipe(world), Path("/x.yaml"), URLS).arguments()
-    ).namespace
+    namespace = replay(slime_arguments(slime_recipe(world), Path("/x.yaml")).arguments()).namespace
     assert namespace["check_for_nan_in_loss_and_grad"] is False  # --no-check-for-nan-...
     assert namespace["override_opt_param_scheduler"] is True
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from slurm.slime_args import slime_arguments
+from slurm.backends.slime.args import slime_arguments
 from tests.helpers import slime_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "docs" / "slime.md"
-URLS = {"tools": "http://a/", "reward": "http://b/"}
 # train.py flags in all 23 scripts/run-*.sh at 624b824 (commented lines excluded)
 EVERY_SCRIPT = {
     "--hf-checkpoint", "--ref-load", "--prompt-data", "--input-key", "--rollout-shuffle",
@@ -42,7 +41,7 @@ def table() -> dict[str, str]:
 
 
 def test_the_recipe_passes_the_misc_args_of_slimes_qwen25_scripts(world: dict[str, Path]) -> None:
-    groups = dict(slime_arguments(slime_recipe(world), Path("/x.yaml"), URLS).groups)
+    groups = dict(slime_arguments(slime_recipe(world), Path("/x.yaml")).groups)
     assert groups["MISC_ARGS"] == QWEN25_MISC
 
 
@@ -50,7 +49,7 @@ def test_what_every_slime_script_passes_is_passed_or_explained(world: dict[str, 
     rows = table()
     assert set(rows.values()) <= {"passed", "not passed", "optional"}
     assert set(rows) >= EVERY_SCRIPT, sorted(EVERY_SCRIPT - set(rows))
-    flags = set(slime_arguments(slime_recipe(world), Path("/x.yaml"), URLS).flags())
+    flags = set(slime_arguments(slime_recipe(world), Path("/x.yaml")).flags())
     assert {flag for flag in EVERY_SCRIPT if rows[flag] != "passed"} == set()
     wrong = [
         flag

@@ -1,7 +1,9 @@
 """From an experiment to slime's command line: a pure function of the config (golden-tested,
-printed by --dry-run), grouped as slime's own launch scripts group their flags, plus the
---custom-config-path YAML that carries our rollout's keys onto slime's `args`
-(slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`).
+printed by --dry-run), grouped as slime's own launch scripts group their flags; and, apart
+from it, the --custom-config-path YAML that carries our rollout's keys onto slime's `args`
+(slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`). The
+argv names only the YAML's path, so it is built without any URL; the YAML needs the cluster's
+services (every node's URLs), known only once every node is ready.
 
 The hooks are always ours: --custom-generate-function-path and --custom-rm-path (the reward
 server's batch endpoint with aliases and the episode's flags; slime's remote_rm would lose
@@ -26,11 +28,12 @@ from deepdive.rollout_settings import (
     GENERATE_FUNCTION_PATH,
     REWARD_FUNCTION_PATH,
     ROLLOUT_LOG_FUNCTION_PATH,
-    RolloutSettings,
+    slime_custom_config,
 )
+from slurm.backends.slime import DATA_PACKAGE
+from slurm.backends.slime.config import SlimeSection
 from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
-from slurm.slime_config import SlimeSection
 
 # what slime's 32B examples pass to keep Adam's states in CPU memory (scripts/run-qwen3-32B.sh;
 # Megatron asserts the precision-aware optimizer with it, megatron/training/arguments.py:1189)
@@ -46,13 +49,12 @@ DYNAMIC_FILTERS = {
     (False, True): "drop_failed_groups",
     (True, True): "drop_uniform_or_failed_groups",
 }
-PRESETS = "slime_presets.json"  # in the package (slurm/package_data.py reads it)
+PRESETS = "presets.json"  # in this package (slurm/package_data.py reads it)
 
 
 @dataclass(frozen=True)
 class SlimeCommand:
     groups: list[tuple[str, list[str]]]  # (the group's name, its arguments)
-    custom_config: dict[str, Any]  # the --custom-config-path YAML
 
     def arguments(self) -> list[str]:
         return [item for _, items in self.groups for item in items]
@@ -62,7 +64,7 @@ class SlimeCommand:
 
 
 def presets() -> dict[str, Any]:
-    return dict(read_json(PRESETS)["presets"])
+    return dict(read_json(DATA_PACKAGE, PRESETS)["presets"])
 
 
 def architecture(slime: SlimeSection) -> list[str]:
@@ -96,11 +98,9 @@ def slime_checkpoints(config: ExperimentConfig) -> Path:
     return Path(config.run.folder) / "slime_checkpoints"
 
 
-def slime_arguments(
-    config: ExperimentConfig, custom_config_path: Path, services: dict[str, str]
-) -> SlimeCommand:
-    """slime's argument list and the YAML beside it. `services` are the URLs the rollout
-    reaches the tool and reward servers at (node 0's)."""
+def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> SlimeCommand:
+    """slime's argument list, which reads our rollout's keys from `custom_config_path` (the
+    YAML `custom_config` makes)."""
     slime = config.slime
     model, rollout, algorithm = slime.model, slime.rollout, slime.algorithm
     optimizer, sglang, parallel = slime.optimizer, slime.sglang, slime.parallelism
@@ -256,27 +256,17 @@ def slime_arguments(
     groups.append(("LOGGING_ARGS", ["--use-tensorboard"]))
     if slime.extra_args:
         groups.append(("EXTRA_ARGS", list(slime.extra_args)))
-    return SlimeCommand(groups, custom_config(config, services))
+    return SlimeCommand(groups)
 
 
 def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[str, Any]:
-    """Our rollout's keys as slime sets them on `args` (deepdive.rollout_settings); SGLang is
-    slime's router, the rollout's default."""
-    hook = config.slime.deepdive
-    settings = RolloutSettings(
-        sglang_url="http://router.invalid",  # not written: the router is the default
-        tool_server_url=services["tools"],
-        reward_server_url=services["reward"],
-        max_turns=hook.max_turns,
-        max_context_tokens=config.slime.rollout.max_context_len,
-        on_malformed=hook.on_malformed,
-        tool_timeout_s=hook.tool_timeout_s,
-        reward_timeout_s=hook.reward_timeout_s,
-        generate_timeout_s=hook.generate_timeout_s,
-        retries=hook.retries,
-        max_aborted_share=hook.max_aborted_share,
+    """The --custom-config-path YAML: our rollout's keys as slime sets them on `args`
+    (deepdive.rollout_settings) with `services`, the URLs the rollout reaches every node's
+    tool and reward servers at; SGLang is slime's router, the rollout's default."""
+    slime = config.slime
+    return slime_custom_config(
+        slime.deepdive, slime.rollout.max_context_len, services["tools"], services["reward"]
     )
-    return settings.as_slime_config()
 
 
 def render(command: SlimeCommand, train_py: str) -> str:

@@ -1,7 +1,7 @@
 """slime's parse of train.py's argv, replayed where slime cannot be installed (CI, a login node):
 the four parsers slime's `parse_args` runs (slime/utils/arguments.py, lines 1600-1643 at
 624b824), rebuilt from the record scripts/slime_flags.py took of them at the pinned commits
-("parsers" in slurm/slime_flags.json), run over the argv as slime runs them:
+("parsers" in slurm/backends/slime/flags.json), run over the argv as slime runs them:
 
 1. `_pre_parse_mode`'s parser (--train-backend, --debug-*), parse_known_args;
 2. `sglang_parse_args`: a small parser reads --rollout-num-gpus-per-engine and the SGLang
@@ -29,6 +29,7 @@ from functools import cache
 from typing import Any, NoReturn
 
 from services.exceptions import ConfigError
+from slurm.backends.slime import DATA_PACKAGE
 from slurm.package_data import read_json
 
 KEYWORD_ACTIONS = {
@@ -65,7 +66,7 @@ class _Parser(argparse.ArgumentParser):
 
 @cache
 def parser_record() -> dict[str, Any]:
-    return dict(read_json("slime_flags.json")["parsers"])
+    return dict(read_json(DATA_PACKAGE, "flags.json")["parsers"])
 
 
 def _enum_type(name: str, members: list[str]) -> Callable[[str], str]:

@@ -27,13 +27,22 @@ import yaml
 from deepdive.rollout_settings import NODES
 from services.exceptions import ConfigError
 from services.files import atomic_write_bytes
-from slurm.backends import ServiceSpec
+from slurm.backends import EvalEngine, ServiceSpec
+from slurm.backends.slime.args import (
+    custom_config,
+    render,
+    slime_arguments,
+    slime_checkpoints,
+)
+from slurm.backends.slime.checks import check_slime, missing_inputs
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
-from slurm.slime_args import render, slime_arguments, slime_checkpoints
+from slurm.service_options import service_arguments
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
+# what a run's checkpoints fix: another model or layout cannot load them
+CHECKPOINT_FIXED = ("model", "parallelism")
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron writes it when a save is complete
 
 
@@ -44,6 +53,30 @@ class SlimeBackend:
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
 
+    def check(self) -> list[str]:
+        return check_slime(self.config)
+
+    def check_continues(self, saved: ExperimentConfig) -> None:
+        """Another model or layout cannot load the run's checkpoints."""
+        changed = [
+            f"slime.{table}"
+            for table in CHECKPOINT_FIXED
+            if getattr(saved.slime, table) != getattr(self.config.slime, table)
+        ]
+        if changed:
+            raise ConfigError(
+                f"{self.config.run.folder} was started with another {', '.join(changed)}: its "
+                "checkpoints would not load; choose another run.folder"
+            )
+
+    def missing_inputs(self) -> list[str]:
+        return missing_inputs(self.config)
+
+    def eval_engine(self) -> EvalEngine:
+        from slurm.backends.slime.eval_engine import SlimeEvalEngine
+
+        return SlimeEvalEngine(self.config)
+
     def prepare(self) -> dict[str, Any]:
         slime_checkpoints(self.config).mkdir(parents=True, exist_ok=True)
         return {"checkpoints": str(slime_checkpoints(self.config))}
@@ -52,8 +85,12 @@ class SlimeBackend:
         level = ("--log-level", self.config.services.log_level)
         services = self.config.services
         return [
-            ServiceSpec("tools", ("tools", *services.tools, *level), services.tool_workers),
-            ServiceSpec("reward", ("reward", *services.reward, *level)),
+            ServiceSpec(
+                "tools",
+                ("tools", *service_arguments(services.tools), *level),
+                services.tool_workers,
+            ),
+            ServiceSpec("reward", ("reward", *service_arguments(services.reward), *level)),
         ]
 
     def environment(self, node_ip: str) -> dict[str, str]:
@@ -85,20 +122,13 @@ class SlimeBackend:
     def before_training(self, attempt: AttemptFolder) -> None:
         """The YAML slime loads onto `args`: our rollout's keys, every node's service URLs
         (from the attempt's cluster.json)."""
-        services = cluster_services(attempt.cluster)
-        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, services)
-        atomic_write_bytes(
-            attempt.root / CUSTOM_CONFIG, yaml.safe_dump(command.custom_config).encode()
-        )
+        keys = custom_config(self.config, cluster_services(attempt.cluster))
+        atomic_write_bytes(attempt.root / CUSTOM_CONFIG, yaml.safe_dump(keys).encode())
 
     def command(self, attempt: AttemptFolder) -> list[str]:
         python = self.config.container.python if self.config.container.image else sys.executable
         train = str(Path(self.config.slime.slime_root) / "train.py")
-        urls = {
-            "tools": "http://tools.invalid",
-            "reward": "http://reward.invalid",
-        }  # in the YAML only
-        arguments = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls).arguments()
+        arguments = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG).arguments()
         return [python, train, *arguments]
 
     def working_directory(self) -> str | None:
@@ -113,17 +143,18 @@ class SlimeBackend:
         return f"iteration {iteration} ({tracker.parent})"
 
     def describe(self, attempt: AttemptFolder) -> str:
-        """What --dry-run prints: the grouped command line and the YAML."""
+        """What --dry-run prints: the grouped command line and the YAML, every node's URLs in
+        it shown as the node and its ports' names (they are known once every node is up)."""
         nodes = range(self.config.slurm.nodes)
         urls = {
             "tools": ";".join(f"http://NODE{node}:TOOLS_PORT" for node in nodes),
             "reward": ",".join(f"http://NODE{node}:REWARD_PORT" for node in nodes),
         }
-        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG, urls)
+        command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG)
         train = str(Path(self.config.slime.slime_root) / "train.py")
         return (
             f"{render(command, train)}\n\n# {attempt.root / CUSTOM_CONFIG}\n"
-            f"{yaml.safe_dump(command.custom_config)}"
+            f"{yaml.safe_dump(custom_config(self.config, urls))}"
         )
 
 

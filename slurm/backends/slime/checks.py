@@ -2,8 +2,8 @@
 config key and what was expected:
 
 - every flag the argument builder emits, and every flag in `slime.extra_args`, exists at the
-  pinned commits (slurm/slime_flags.json: slime silently ignores a flag it does not know);
-- the whole argv parses as slime's own parsers parse it (slurm/slime_replay.py, rebuilt from
+  pinned commits (slurm/backends/slime/flags.json: slime silently ignores a flag it does not know);
+- the whole argv parses as slime's own parsers parse it (slurm/backends/slime/replay.py, rebuilt from
   the pin-time record): every value of the type and among the choices slime accepts, no token
   that no parser takes;
 - the batch identity slime asserts: rollout_batch_size x n_samples_per_prompt =
@@ -17,11 +17,11 @@ config key and what was expected:
   the fully-async rollout; services every node's rollout can reach when the job has more than
   one node;
 - every episode fits the context SGLang serves: max_context_len and the response budget
-  against config.json and --sglang-context-length (slurm/model_context.py), so no turn is
+  against config.json and --sglang-context-length (slurm/backends/slime/model_context.py), so no turn is
   refused and ABORTED.
 
 One estimate warns instead of refusing: a training GPU's memory (weights, gradients, Adam's
-states, activations, logits; slurm/memory_estimate.py) against slime.resources.gpu_memory_gb,
+states, activations, logits; slurm/backends/slime/memory_estimate.py) against slime.resources.gpu_memory_gb,
 with the arithmetic. check_slime returns those warnings for the caller to print.
 """
 
@@ -33,20 +33,22 @@ from typing import Any, NoReturn
 
 from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
 from services.exceptions import ConfigError
-from slurm.config import ExperimentConfig
-from slurm.memory_estimate import estimate
-from slurm.model_context import (
+from slurm.backends.slime import DATA_PACKAGE
+from slurm.backends.slime.args import architecture, presets, slime_arguments
+from slurm.backends.slime.memory_estimate import estimate
+from slurm.backends.slime.model_context import (
     check_episode_fits,
     check_trainer_rope,
     model_context,
     read_config,
     served_context,
 )
+from slurm.backends.slime.replay import replay
+from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
-from slurm.slime_args import architecture, presets, slime_arguments
-from slurm.slime_replay import replay
+from slurm.service_options import INPUT_FILES
 
-FLAGS = "slime_flags.json"  # in the package (slurm/package_data.py reads it)
+FLAGS = "flags.json"  # in this package (slurm/package_data.py reads it)
 # a model's config.json key -> the Megatron flag that must say the same
 CONFIG_KEYS = {
     "num_hidden_layers": "--num-layers",
@@ -67,11 +69,11 @@ REFUSED = {
 
 @cache
 def slime_flags() -> dict[str, list[str]]:
-    return dict(read_json(FLAGS)["flags"])
+    return dict(read_json(DATA_PACKAGE, FLAGS)["flags"])
 
 
 def flag_sources() -> dict[str, Any]:
-    return dict(read_json(FLAGS)["sources"])
+    return dict(read_json(DATA_PACKAGE, FLAGS)["sources"])
 
 
 def _fail(key: str, message: str) -> NoReturn:
@@ -83,9 +85,7 @@ def check_slime(config: ExperimentConfig) -> list[str]:
     slime = config.slime
     _check_required(config)
     _check_extra_args(slime.extra_args)
-    emitted = slime_arguments(
-        config, Path("/run/deepdive.yaml"), {"tools": "http://n/", "reward": "http://n/"}
-    )
+    emitted = slime_arguments(config, Path("/run/deepdive.yaml"))
     _check_rollout_function(emitted.arguments())
     known = slime_flags()
     for flag in emitted.flags():
@@ -149,7 +149,7 @@ def _read_model_config(config: ExperimentConfig) -> dict[str, Any]:
 
 
 def _check_context(config: ExperimentConfig, args: dict[str, str], hf: dict[str, Any]) -> None:
-    """Every turn of every episode is a request SGLang serves (slurm/model_context.py)."""
+    """Every turn of every episode is a request SGLang serves (slurm/backends/slime/model_context.py)."""
     slime = config.slime
     model = model_context(hf, str(Path(slime.model.hf_checkpoint) / "config.json"))
     # the configured one (0: SGLang derives it); the argv then passes max_context_len
@@ -327,3 +327,32 @@ def _check_model_config(config: ExperimentConfig, args: dict[str, str], hf: dict
             "slime.model.preset" if config.slime.model.preset else "slime.model.architecture",
             f"{where} does not match {path}: {'; '.join(wrong)}",
         )
+
+
+def missing_inputs(config: ExperimentConfig) -> list[str]:
+    """What the slime job reads that is not on disk yet (slurm.preflight lists them: a dry run
+    goes on without them, a real submission refuses)."""
+    model, rollout = config.slime.model, config.slime.rollout
+    missing = []
+    if model.hf_checkpoint and not (Path(model.hf_checkpoint) / "config.json").is_file():
+        missing.append(
+            f"slime.model.hf_checkpoint: {model.hf_checkpoint} has no config.json "
+            "(a Hugging Face model folder)"
+        )
+    if model.ref_load and not Path(model.ref_load).is_dir():
+        missing.append(
+            f"slime.model.ref_load: {model.ref_load} is not a folder (a torch_dist checkpoint: "
+            "deepdive convert-checkpoint to-megatron makes it)"
+        )
+    if rollout.prompt_data and not Path(rollout.prompt_data).is_file():
+        missing.append(
+            f"slime.rollout.prompt_data: {rollout.prompt_data}: no such file (deepdive convert)"
+        )
+    for name, path in sorted(config.slime.eval.sets.items()):
+        if not Path(path).is_file():
+            missing.append(f"slime.eval.sets.{name}: {path}: no such file")
+    for key in INPUT_FILES:  # what the tool server every node runs reads
+        named = config.services.tools.get(key)
+        if isinstance(named, str) and not Path(named).is_file():
+            missing.append(f"services.tools.{key}: {named}: no such file")
+    return missing

@@ -39,8 +39,8 @@ from services.exceptions import ConfigError, ServiceError
 from services.files import partial_path, publish, remove
 from services.process import child_preexec
 from slurm import requeue
+from slurm.backends.slime.args import architecture, slime_checkpoints
 from slurm.config import ExperimentConfig
-from slurm.slime_args import architecture, slime_checkpoints
 from slurm.submit import python_command
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -79,7 +79,7 @@ def _flag_value(arguments: list[str], flag: str) -> str | None:
 def model_vocab_size(config: ExperimentConfig) -> int:
     """The model's vocabulary: config.json's (what the Hugging Face side expects), else the
     architecture's --vocab-size."""
-    from slurm.model_context import read_config, text_config
+    from slurm.backends.slime.model_context import read_config, text_config
 
     found = text_config(read_config(config.slime.model.hf_checkpoint)).get("vocab_size")
     if isinstance(found, int) and found > 0:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slurm.backends.slime.args import max_tokens_per_gpu
+from slurm.backends.slime.model_context import text_config
 from slurm.config import ExperimentConfig
-from slurm.model_context import text_config
-from slurm.slime_args import max_tokens_per_gpu
 
 GB = 1e9
 RUNTIME_GB = 5.0  # CUDA context, NCCL buffers, allocator fragmentation: an allowance

@@ -1,6 +1,6 @@
 """`backend = "slime"`: slime's GRPO recipe as typed tables (`[slime.*]` of the experiment file), one per argument group of slime's
-own launch scripts, each key named after the slime flag it becomes (slurm/slime_args.py writes
-them; every flag is checked against slime's flag list before submission, slurm/slime_checks.py).
+own launch scripts, each key named after the slime flag it becomes (slurm/backends/slime/args.py writes
+them; every flag is checked against slime's flag list before submission, slurm/backends/slime/checks.py).
 
     [slime.model]         preset or explicit architecture arguments; hf_checkpoint, ref_load
     [slime.checkpoint]    save_interval (the run folder's checkpoints are --save and --load)
@@ -19,14 +19,15 @@ them; every flag is checked against slime's flag list before submission, slurm/s
     [slime] extra_args    anything else, checked against the flag list too
 
 What only the slime backend needs (a model, prompt data) is checked when the backend is slime
-(slurm/slime_checks.py), so a local experiment carries these tables unused.
+(slurm/backends/slime/checks.py), so a local experiment carries these tables unused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
+from deepdive.rollout_settings import RolloutKnobs
 from services.typed_config import require
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_plus_plus"]
@@ -34,7 +35,7 @@ Estimator = Literal["grpo", "gspo", "ppo", "reinforce_plus_plus"]
 
 @dataclass(frozen=True)
 class SlimeModel:
-    """preset: a name in slurm/slime_presets.json (from slime's scripts/models), or
+    """preset: a name in slurm/backends/slime/presets.json (from slime's scripts/models), or
     architecture: Megatron's architecture arguments spelled out; not both."""
 
     preset: str = ""
@@ -146,7 +147,7 @@ class SlimeRollout:
     num_steps_per_rollout: int = 1
     num_rollout: int = 3000
     # prompt + response of an episode (--rollout-max-context-len, Megatron's --seq-length and
-    # SGLang's --sglang-context-length): at most what the model serves (slurm/model_context.py)
+    # SGLang's --sglang-context-length): at most what the model serves (slurm/backends/slime/model_context.py)
     max_context_len: int = 32_768
     max_response_len: int = 32_768  # --rollout-max-response-len: at most max_context_len
     shuffle: bool = True  # --rollout-shuffle (every slime run script passes it)
@@ -295,20 +296,11 @@ class SlimeMisc:
 
 
 @dataclass(frozen=True)
-class SlimeDeepDive:
-    """Our rollout's keys (deepdive.rollout_settings), in the --custom-config-path YAML."""
+class SlimeDeepDive(RolloutKnobs):
+    """Our rollout's knobs (deepdive.rollout_settings.RolloutKnobs: the keys, the defaults and
+    why), in the --custom-config-path YAML."""
 
-    max_turns: int = 64
-    on_malformed: Literal["fail", "continue"] = "fail"
-    tool_timeout_s: float = 300.0
-    reward_timeout_s: float = 600.0
-    generate_timeout_s: float = 1800.0
-    retries: int = 5
-    max_aborted_share: float = 0.5  # a rollout with more episodes ABORTED stops the run
-
-    def __post_init__(self) -> None:
-        share = self.max_aborted_share
-        require(0 <= share <= 1, "slime.deepdive.max_aborted_share", "from 0 to 1", share)
+    KEYS: ClassVar[str] = "slime.deepdive."
 
 
 @dataclass(frozen=True)

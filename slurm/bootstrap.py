@@ -54,6 +54,7 @@ from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.environment import NodeInfo, current_node
 from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
+from slurm.process_start import process_started_at
 from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode, node_resource
 from slurm.run_folder import RunFolder, read_json, write_json
 
@@ -134,7 +135,12 @@ class NodeBootstrap:
             signal.signal(signal.SIGTERM, self._on_sigterm)
             node = self.node
             self.phases.record(
-                "job", "start", host=node.hostname, slurm_node=node.node_name, job=node.job_id
+                "job",
+                "start",
+                host=node.hostname,
+                slurm_node=node.node_name,
+                job=node.job_id,
+                process_started=round(process_started_at(), 3),  # before Python's imports
             )
             if self.run_folder.finished.exists():
                 self.phases.record("job", "finished_already")
@@ -341,6 +347,7 @@ class NodeBootstrap:
             cwd=self.backend.working_directory(),
             preexec_fn=child_preexec,
         )
+        self.phases.record("trainer_started", "event")
 
     def _wait_for_trainer(self) -> int:
         trainer = self.trainer

@@ -176,25 +176,11 @@ class NodeBootstrap:
             ports, notes = self._plan_ports()
             for note in notes:
                 log_event(logger, "ports", note=note)
-        # Ray and the services start together (each costs seconds of interpreter start-up):
-        # node 0 starts its Ray head first and writes the data while it comes up; the others
-        # start their services as soon as node 0's data is there, then join the head.
         with self.phases.phase("launch"):
-            if node.is_head:
-                self._launch_ray(ports, environment, head=None)
-                summary = self.backend.prepare()
-                write_json(self.attempt.data, {"t": time.time(), "summary": _brief(summary)})
-                self._launch_services(ports, environment)
-            else:
-                self._wait_for_note(self.attempt.data, "node 0's data")
-                self._launch_services(ports, environment)
-                head = self._wait_for_note(self.attempt.head, "the Ray head's address")
-                self._launch_ray(ports, environment, head=str(head["address"]))
+            self._launch(ports, environment)
         with self.phases.phase("ray"):
             assert self.ray is not None
             self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
-            if node.is_head:
-                write_json(self.attempt.head, {"address": self.ray.address})
         with self.phases.phase("services"):
             urls = {
                 service.name: reachable(service.wait_ready(check=self._check), node_ip())
@@ -239,6 +225,23 @@ class NodeBootstrap:
         if code == 0:
             write_json(self.run_folder.finished, {"attempt": node.attempt, "t": time.time()})
         return code
+
+    def _launch(self, ports: NodePorts, environment: dict[str, str]) -> None:
+        """Start the node's Ray and services, the slowest first; nothing waits for anything
+        to be up. Node 0 publishes its head's address (its planned GCS port) before its Ray
+        starts, so the others start theirs at once and Ray's own retry joins them when the
+        head answers: a node's Ray start (seconds of imports and processes) overlaps the
+        head's instead of following it. Node 0 writes the data while its Ray comes up; the
+        others start their services once it is there."""
+        if self.node.is_head:
+            self._launch_ray(ports, environment, head=None)
+            summary = self.backend.prepare()
+            write_json(self.attempt.data, {"t": time.time(), "summary": _brief(summary)})
+        else:
+            head = self._wait_for_note(self.attempt.head, "the Ray head's address")
+            self._launch_ray(ports, environment, head=str(head["address"]))
+            self._wait_for_note(self.attempt.data, "node 0's data")
+        self._launch_services(ports, environment)
 
     def _failed(self, failure: NodeFailed) -> int:
         """Leave the note the other nodes (and `deepdive status`) read, and say it plainly."""
@@ -292,7 +295,10 @@ class NodeBootstrap:
             num_cpus=self.node.cpus,
             num_gpus=self.config.slurm.gpus_per_node,
             environment=environment,
+            head_wait_s=self.config.bootstrap.join_timeout_s,
         )
+        if head is None:  # where the others join, before it is up
+            write_json(self.attempt.head, {"address": self.ray.address})
         self.ray.launch()
 
     def _launch_services(self, ports: NodePorts, environment: dict[str, str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import orjson
@@ -16,15 +17,15 @@ import submitit
 from deepdive.rollout_settings import RolloutSettings
 from services.serving.workers import MAX_DEFAULT_WORKERS
 from slurm.backends import build_backend
-from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled
+from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled, node_ip
 from slurm.cadence import LONG_POLL_S
 from slurm.config import load_experiment
 from slurm.environment import NodeInfo, current_node
-from slurm.phases import NodeFailed, PhaseLog
+from slurm.phases import NodeFailed, PhaseLog, Stopping, read_phases
 from slurm.ports import HIGH, plan_node_ports
-from slurm.run_folder import RunFolder
+from slurm.run_folder import RunFolder, write_json
 from slurm.status import run_status
-from tests.helpers import FakeClock
+from tests.helpers import FakeClock, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "cluster-tiny.toml"
@@ -225,3 +226,37 @@ def test_node_0_names_a_peer_that_ended_without_a_word(tmp_path: Path) -> None:
     quiet._on_sigterm(15, None)
     quiet._name_silent_peers()
     assert not quiet.attempt.failed(1).exists()
+
+
+@pytest.mark.slow
+def test_node_0_publishes_the_heads_address_before_its_ray_is_up(tmp_path: Path) -> None:
+    """The other nodes start their Ray at once and Ray's own retry joins them when the head
+    answers (their start overlaps the head's). Before, node 0 wrote head.json only once its
+    Ray was up, and node 1 started Ray only then: 6-8 s after the head on a loaded host."""
+    bootstrap = bootstrap_at(tmp_path, 0, FakeClock())
+    attempt = bootstrap.attempt
+    attempt.root.mkdir(parents=True)
+    write_json(attempt.storage_probe(1), {"nonce": "node 1's"})  # node 1, as seen on storage
+    outcome: list[BaseException | int] = []
+
+    def node_0() -> None:
+        try:
+            outcome.append(bootstrap._run_phases())
+        except BaseException as error:  # handed to the test's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=node_0, daemon=True)
+    thread.start()
+    try:
+        wait_until(attempt.head.exists, 120, "node 0 to publish the head's address")
+        phases = {(line["phase"], line["event"]) for line in read_phases(attempt.phases(0))}
+        assert ("launch", "start") in phases and ("ray", "done") not in phases
+        assert bootstrap.ray is not None
+        head = orjson.loads(attempt.head.read_bytes())
+        assert head == {"address": f"{node_ip()}:{bootstrap.ray.ports.ray_gcs}"}
+        bootstrap.ray.wait_started(120)  # the address published is the head's
+    finally:
+        write_json(attempt.end, {"stopped": "test"})
+        thread.join(60)
+        bootstrap._stop_children()
+    assert len(outcome) == 1 and isinstance(outcome[0], Stopping)

@@ -167,6 +167,10 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
         done = [line["phase"] for line in lines if line["event"] == "done"]
         assert done[:3] == ["secrets", "storage", "ports"] and done[-1] == last, done
         assert [line["t"] for line in lines] == sorted(line["t"] for line in lines)
+    # bring-up: node 1 starts its Ray while node 0's head is still coming up (it waited for
+    # the head to be up, then took 6-8 s more to join)
+    head, joining = phase_times(attempt, 0), phase_times(attempt, 1)
+    assert joining[("ray", "start")] < head[("ray", "done")], (joining, head)
 
     # secrets: never in argv, the submitit folder (pickles, sbatch script), the run folder, logs
     assert not [line for line in commands.seen if CANARY_KEY in line or CANARY_TOKEN in line]

@@ -208,15 +208,12 @@ class NodeBootstrap:
             if end.get("stopped"):
                 raise Stopping("node 0 stopped the job")
             return 0
-        # A trainer that starts early loads what it can (its libraries, the data, the policy)
-        # while the other nodes finish, and reads cluster.json, written once all are ready;
-        # the others start once every node is ready and the backend has written their input.
+        # A trainer that starts early is running already (see _launch); the others start once
+        # every node is ready and the backend has written their input.
         with self.phases.phase("training"):
-            if self.backend.starts_early:
-                self._start_trainer(environment)
             with self.phases.phase("join"):
                 self._join()
-            if not self.backend.starts_early:
+            if self.trainer is None:
                 self.backend.before_training(self.attempt, urls)
                 self._start_trainer(environment)
             self.shared.slow_down()
@@ -232,7 +229,10 @@ class NodeBootstrap:
         starts, so the others start theirs at once and Ray's own retry joins them when the
         head answers: a node's Ray start (seconds of imports and processes) overlaps the
         head's instead of following it. Node 0 writes the data while its Ray comes up; the
-        others start their services once it is there."""
+        others start their services once it is there. A trainer that starts early (the
+        backend says) starts last: it loads its libraries, the data and the policy while Ray
+        comes up and the nodes join, waits for node 0's ready note before it connects to
+        Ray, and reads cluster.json, written once every node is ready."""
         if self.node.is_head:
             self._launch_ray(ports, environment, head=None)
             summary = self.backend.prepare()
@@ -242,6 +242,8 @@ class NodeBootstrap:
             self._launch_ray(ports, environment, head=str(head["address"]))
             self._wait_for_note(self.attempt.data, "node 0's data")
         self._launch_services(ports, environment)
+        if self.node.is_head and self.backend.starts_early:
+            self._start_trainer(environment)
 
     def _failed(self, failure: NodeFailed) -> int:
         """Leave the note the other nodes (and `deepdive status`) read, and say it plainly."""
@@ -376,8 +378,11 @@ class NodeBootstrap:
         if self.shared.due():
             self._check_shared()
             self._shared_fresh = True  # a note awaited may be read in the next round
-        trainer = self.trainer
-        if trainer is not None and trainer.poll() is not None and self.phases.current == "join":
+        trainer = self.trainer  # it may start before the training phase (starts_early)
+        early = self.phases.current != "training"  # there, _wait_for_trainer reads its exit
+        if trainer is not None and trainer.poll() is not None and early:
+            if self.terminating:
+                raise Stopping("Slurm is ending the job (SIGTERM)")
             raise NodeFailed(
                 self.node.node,
                 "training",

@@ -253,10 +253,32 @@ def test_node_0_publishes_the_heads_address_before_its_ray_is_up(tmp_path: Path)
         assert ("launch", "start") in phases and ("ray", "done") not in phases
         assert bootstrap.ray is not None
         head = orjson.loads(attempt.head.read_bytes())
-        assert head == {"address": f"{node_ip()}:{bootstrap.ray.ports.ray_gcs}"}
-        bootstrap.ray.wait_started(120)  # the address published is the head's
+        gcs = bootstrap.ray.ports.ray_gcs  # where the head's GCS listens: the address joined
+        assert head == {"address": f"{node_ip()}:{gcs}"}
+        assert f"--port={gcs}" in bootstrap.ray.command()
     finally:
         write_json(attempt.end, {"stopped": "test"})
         thread.join(60)
         bootstrap._stop_children()
     assert len(outcome) == 1 and isinstance(outcome[0], Stopping)
+
+
+def test_a_trainer_that_exits_while_the_node_starts_fails_it_naming_training(
+    tmp_path: Path,
+) -> None:
+    """A trainer that starts early starts with Ray and the services: its exit before the
+    training phase (a bad import, a broken config) fails the node at once, named, in every
+    phase the node is still starting (before, only while node 0 waited for the others)."""
+    bootstrap = bootstrap_at(tmp_path, 0, FakeClock())
+    bootstrap.trainer = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    bootstrap.trainer.wait()
+    for phase in ("ray", "services", "join"):
+        with pytest.raises(NodeFailed) as failure, bootstrap.phases.phase(phase):
+            bootstrap._check()
+        assert failure.value.phase == "training"
+        assert "the trainer exited with status 3 before every node was ready" in str(
+            failure.value.message
+        )
+    bootstrap._on_sigterm(15, None)  # Slurm ending the job: the trainer went with it
+    with pytest.raises(Stopping), bootstrap.phases.phase("ray"):
+        bootstrap._check()

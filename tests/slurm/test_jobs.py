@@ -171,6 +171,9 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
     # the head to be up, then took 6-8 s more to join)
     head, joining = phase_times(attempt, 0), phase_times(attempt, 1)
     assert joining[("ray", "start")] < head[("ray", "done")], (joining, head)
+    # ... and node 0's trainer loads its libraries, the data and the policy meanwhile (it
+    # started once node 0's services were ready)
+    assert head[("trainer_started", "event")] < head[("ray", "done")], head
 
     # secrets: never in argv, the submitit folder (pickles, sbatch script), the run folder, logs
     assert not [line for line in commands.seen if CANARY_KEY in line or CANARY_TOKEN in line]

@@ -5,6 +5,7 @@ output goes, the failure drill, and how many tool server workers a node runs on 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -282,3 +283,34 @@ def test_a_trainer_that_exits_while_the_node_starts_fails_it_naming_training(
     bootstrap._on_sigterm(15, None)  # Slurm ending the job: the trainer went with it
     with pytest.raises(Stopping), bootstrap.phases.phase("ray"):
         bootstrap._check()
+
+
+BEFORE_RAY = """
+import sys
+from pathlib import Path
+from slurm.bootstrap import NodeBootstrap
+from slurm.config import load_experiment
+from slurm.environment import NodeInfo
+config = load_experiment(Path(sys.argv[1]), [f'run.folder="{sys.argv[2]}"'])
+bootstrap = NodeBootstrap(config, NodeInfo("4714", 1, 2, "host", "n2", 0, 2))
+bootstrap.backend.environment("127.0.0.1")
+bootstrap.backend.services()
+print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def test_a_node_starts_its_ray_before_importing_the_trainers_libraries(tmp_path: Path) -> None:
+    """Everything a node imports before it launches Ray delays its Ray: the local backend
+    imported its data module (numpy, the search index's bm25s: a second of a loaded node's
+    start) on every node, though only node 0 prepares the data, after its Ray is launched."""
+    result = subprocess.run(
+        [sys.executable, "-c", BEFORE_RAY, str(TINY), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    loaded = set(result.stdout.split())
+    assert {"slurm", "deepdive", "services"} <= loaded  # the probe saw the bootstrap's imports
+    assert not loaded & {"numpy", "bm25s", "torch", "transformers", "ray", "httpx"}

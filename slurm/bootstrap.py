@@ -3,10 +3,13 @@
     every node   storage   write a probe into the attempt folder; node 0 reads them all and
                            answers, so each node knows the others see the same run folder
                  ports     the node's block of the port plan, checked free
-                 ray       node 0 starts the Ray head, the others join it
-                 data      node 0 writes what the services read (the backend's data);
-                           the others wait for it
-                 services  the backend's services (tool server, reward server), until /ready
+                 launch    everything starts, nothing waits for anything to be up: Ray (node
+                           0 the head, its address published first; the others join it as
+                           soon as they read it), the backend's data (node 0 writes it; the
+                           others wait for it), the backend's services (tool server, reward
+                           server), and on node 0 a trainer that starts early
+                 services  until the services answer /ready (they start faster than Ray)
+                 ray       until the node's Ray is up (the head, or joined to it)
     node 0       join      every node ready (Ray up, services answering) before the deadline
                  training  the backend's trainer as a child process; its exit code is the job's
     node K > 0   serving   until node 0 says the job has ended
@@ -178,14 +181,16 @@ class NodeBootstrap:
                 log_event(logger, "ports", note=note)
         with self.phases.phase("launch"):
             self._launch(ports, environment)
-        with self.phases.phase("ray"):
-            assert self.ray is not None
-            self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
+        # the services first: they are up before Ray, and what checking them costs (an HTTP
+        # client's import, a request each) is then spent while Ray still starts
         with self.phases.phase("services"):
             urls = {
                 service.name: reachable(service.wait_ready(check=self._check), node_ip())
                 for service in self.services
             }
+        with self.phases.phase("ray"):
+            assert self.ray is not None
+            self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
         write_json(
             self.attempt.ready(node.node),
             {

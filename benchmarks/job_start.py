@@ -119,7 +119,10 @@ def project_job(env: dict[str, str], folder: Path) -> dict[str, Any]:
 def plain_job(env: dict[str, str], folder: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.plain_ray", str(folder)]
     job_id = _submit_and_wait(command, env)
-    notes = [orjson.loads((folder / f"node-{node}.json").read_bytes()) for node in (0, 1)]
+    paths = [folder / f"node-{node}.json" for node in (0, 1)]
+    if not all(path.exists() for path in paths):
+        raise RuntimeError(f"the plain job {job_id} failed: see {folder / 'submitit' / job_id}")
+    notes = [orjson.loads(path.read_bytes()) for path in paths]
     start = min(note["process_started"] for note in notes)
     return {
         "job": job_id,

@@ -153,16 +153,42 @@ def show_local_training(console: Console, results: dict[str, Any]) -> None:
 
 
 def show_job_start(console: Console, results: dict[str, Any]) -> None:
-    table = Table(title="job start -> training started, 2-node local Slurm (medians of 3 jobs)")
-    right_aligned(table, ("phase", "seconds", "ended at s (job clock)"))
-    for name, row in results["median_phases"].items():
-        table.add_row(name, f"{row['seconds']:.2f}", f"{row['ended_at_s']:.2f}")
-    console.print(table)
-    console.print(
-        f"job start -> training started: {results['median_job_start_to_training_s']:.1f} s "
-        f"(each job: {', '.join(str(r['job_start_to_training_s']) for r in results['jobs'])}); "
-        f"sbatch -> job start {results['median_submit_to_job_start_s']:.1f} s"
+    pairs = results["pairs"]
+    table = Table(
+        title=f"job start, 2-node local Slurm: plain submitit + Ray vs the project's job, "
+        f"{len(pairs)} interleaved pairs (seconds from the job's first process start)"
     )
+    right_aligned(
+        table, ("pair", "first", "plain joined", "ready", "first step", "ready x", "first step x")
+    )
+    for k, pair in enumerate(pairs):
+        table.add_row(
+            str(k),
+            pair["first"],
+            f"{pair['plain']['joined_s']:.2f}",
+            f"{pair['project']['ready_s']:.2f}",
+            f"{pair['project']['first_step_s']:.2f}",
+            f"{pair['ready_ratio']:.2f}",
+            f"{pair['first_step_ratio']:.2f}",
+        )
+    console.print(table)
+    phases = Table(title="the project's phases (medians over its jobs)")
+    right_aligned(phases, ("phase", "seconds", "ended at s (job clock)"))
+    for name, row in results["median_phases"].items():
+        phases.add_row(name, f"{row['seconds']:.2f}", f"{row['ended_at_s']:.2f}")
+    console.print(phases)
+    for name, label in (
+        ("ready", "every node in Ray, services ready"),
+        ("first_step", "first step"),
+    ):
+        ratio = results[f"{name}_ratio"]
+        goal = results["goals"][name]
+        console.print(
+            f"{label}: {results[f'{name}_s']['median']:.1f} s vs plain Ray joined "
+            f"{results['plain_joined_s']['median']:.1f} s: {ratio['median']:.2f}x the plain join "
+            f"(pairs {ratio['min']:.2f}-{ratio['max']:.2f}; goal <= {goal}x: "
+            f"{'met' if results['goals_met'][name] else 'NOT met'})"
+        )
 
 
 def show_side_by_side(
@@ -307,6 +333,7 @@ def show_node_services(console: Console, results: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
+    parser.add_argument("--pairs", type=int, default=3, help="job_start's interleaved job pairs")
     parser.add_argument(
         "--only",
         choices=[
@@ -359,7 +386,7 @@ def main() -> None:
         )
         console.print(f"local engine ({results['parameters']:,} parameters, one thread): {speeds}")
     if args.only in (None, "job_start"):
-        results = job_start.run()
+        results = job_start.run(pairs=args.pairs)
         (RESULTS / "job_start.json").write_text(json.dumps(results, indent=2))
         show_job_start(console, results)
     if args.only in (None, "node_services"):

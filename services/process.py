@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
 from services.exceptions import ServiceError
 from services.secrets import TOKEN_ENV
 from services.waiting import WaitTimeout, wait_for
@@ -151,6 +149,10 @@ class ServiceProcess:
         return None
 
     def _ready(self) -> bool:
+        # imported here: Ray's keeper (slurm.ray_keeper) imports this module for child_preexec
+        # and starts in front of every node's Ray, where httpx's import cost half a second
+        import httpx
+
         # a child started with the service token answers /ready only to a client that has it
         token = {**os.environ, **(self.environment or {})}.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else None

@@ -3,10 +3,13 @@
     every node   storage   write a probe into the attempt folder; node 0 reads them all and
                            answers, so each node knows the others see the same run folder
                  ports     the node's block of the port plan, checked free
-                 ray       node 0 starts the Ray head, the others join it
-                 data      node 0 writes what the services read (the backend's data);
-                           the others wait for it
-                 services  the backend's services (tool server, reward server), until /ready
+                 launch    everything starts, nothing waits for anything to be up: Ray (node
+                           0 the head, its address published first; the others join it as
+                           soon as they read it), the backend's data (node 0 writes it; the
+                           others wait for it), the backend's services (tool server, reward
+                           server), and on node 0 a trainer that starts early
+                 services  until the services answer /ready (they start faster than Ray)
+                 ray       until the node's Ray is up (the head, or joined to it)
     node 0       join      every node ready (Ray up, services answering) before the deadline
                  training  the backend's trainer as a child process; its exit code is the job's
     node K > 0   serving   until node 0 says the job has ended
@@ -56,6 +59,7 @@ from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.environment import NodeInfo, current_node
 from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
+from slurm.process_start import process_started_at
 from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode, node_resource
 from slurm.run_folder import RunFolder, read_json, write_json
 
@@ -142,7 +146,12 @@ class NodeBootstrap:
             signal.signal(signal.SIGTERM, self._on_sigterm)
             node = self.node
             self.phases.record(
-                "job", "start", host=node.hostname, slurm_node=node.node_name, job=node.job_id
+                "job",
+                "start",
+                host=node.hostname,
+                slurm_node=node.node_name,
+                job=node.job_id,
+                process_started=round(process_started_at(), 3),  # before Python's imports
             )
             if self.run_folder.finished.exists():
                 self.phases.record("job", "finished_already")
@@ -178,30 +187,18 @@ class NodeBootstrap:
             ports, notes = self._plan_ports()
             for note in notes:
                 log_event(logger, "ports", note=note)
-        # Ray and the services start together (each costs seconds of interpreter start-up):
-        # node 0 starts its Ray head first and writes the data while it comes up; the others
-        # start their services as soon as node 0's data is there, then join the head.
         with self.phases.phase("launch"):
-            if node.is_head:
-                self._launch_ray(ports, environment, head=None)
-                summary = self.backend.prepare()
-                write_json(self.attempt.data, {"t": time.time(), "summary": _brief(summary)})
-                self._launch_services(ports, environment)
-            else:
-                self._wait_for_note(self.attempt.data, "node 0's data")
-                self._launch_services(ports, environment)
-                head = self._wait_for_note(self.attempt.head, "the Ray head's address")
-                self._launch_ray(ports, environment, head=str(head["address"]))
-        with self.phases.phase("ray"):
-            assert self.ray is not None
-            self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
-            if node.is_head:
-                write_json(self.attempt.head, {"address": self.ray.address})
+            self._launch(ports, environment)
+        # the services first: they are up before Ray, and what checking them costs (an HTTP
+        # client's import, a request each) is then spent while Ray still starts
         with self.phases.phase("services"):
             urls = {
                 service.name: reachable(service.wait_ready(check=self._check), node_ip())
                 for service in self.services
             }
+        with self.phases.phase("ray"):
+            assert self.ray is not None
+            self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
         write_json(
             self.attempt.ready(node.node),
             {
@@ -224,15 +221,12 @@ class NodeBootstrap:
             if end.get("stopped"):
                 raise Stopping("node 0 stopped the job")
             return 0
-        # A trainer that starts early loads what it can (its libraries, the data, the policy)
-        # while the other nodes finish, and reads cluster.json, written once all are ready;
-        # the others start once every node is ready and the backend has written their input.
+        # A trainer that starts early is running already (see _launch); the others start once
+        # every node is ready and the backend has written their input.
         with self.phases.phase("training"):
-            if self.backend.starts_early:
-                self._start_trainer(environment)
             with self.phases.phase("join"):
                 self._join()
-            if not self.backend.starts_early:
+            if self.trainer is None:
                 self.backend.before_training(self.attempt)  # reads cluster.json
                 self._start_trainer(environment)
             self.shared.slow_down()
@@ -241,6 +235,28 @@ class NodeBootstrap:
         if code == 0:
             write_json(self.run_folder.finished, {"attempt": node.attempt, "t": time.time()})
         return code
+
+    def _launch(self, ports: NodePorts, environment: dict[str, str]) -> None:
+        """Start the node's Ray and services, the slowest first; nothing waits for anything
+        to be up. Node 0 publishes its head's address (its planned GCS port) before its Ray
+        starts, so the others start theirs at once and Ray's own retry joins them when the
+        head answers: a node's Ray start (seconds of imports and processes) overlaps the
+        head's instead of following it. Node 0 writes the data while its Ray comes up; the
+        others start their services once it is there. A trainer that starts early (the
+        backend says) starts last: it loads its libraries, the data and the policy while Ray
+        comes up and the nodes join, waits for node 0's ready note before it connects to
+        Ray, and reads cluster.json, written once every node is ready."""
+        if self.node.is_head:
+            self._launch_ray(ports, environment, head=None)
+            summary = self.backend.prepare()
+            write_json(self.attempt.data, {"t": time.time(), "summary": _brief(summary)})
+        else:
+            head = self._wait_for_note(self.attempt.head, "the Ray head's address")
+            self._launch_ray(ports, environment, head=str(head["address"]))
+            self._wait_for_note(self.attempt.data, "node 0's data")
+        self._launch_services(ports, environment)
+        if self.node.is_head and self.backend.starts_early:
+            self._start_trainer(environment)
 
     def _failed(self, failure: NodeFailed) -> int:
         """Leave the note the other nodes (and `deepdive status`) read, and say it plainly."""
@@ -294,7 +310,10 @@ class NodeBootstrap:
             num_cpus=self.node.cpus,
             num_gpus=self.config.slurm.gpus_per_node,
             environment=environment,
+            head_wait_s=self.config.bootstrap.join_timeout_s,
         )
+        if head is None:  # where the others join, before it is up
+            write_json(self.attempt.head, {"address": self.ray.address})
         self.ray.launch()
 
     def _launch_services(self, ports: NodePorts, environment: dict[str, str]) -> None:
@@ -349,6 +368,7 @@ class NodeBootstrap:
             cwd=self.backend.working_directory(),
             preexec_fn=child_preexec,
         )
+        self.phases.record("trainer_started", "event")
 
     def _wait_for_trainer(self) -> int:
         trainer = self.trainer
@@ -371,8 +391,11 @@ class NodeBootstrap:
         if self.shared.due():
             self._check_shared()
             self._shared_fresh = True  # a note awaited may be read in the next round
-        trainer = self.trainer
-        if trainer is not None and trainer.poll() is not None and self.phases.current == "join":
+        trainer = self.trainer  # it may start before the training phase (starts_early)
+        early = self.phases.current != "training"  # there, _wait_for_trainer reads its exit
+        if trainer is not None and trainer.poll() is not None and early:
+            if self.terminating:
+                raise Stopping("Slurm is ending the job (SIGTERM)")
             raise NodeFailed(
                 self.node.node,
                 "training",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -49,6 +50,13 @@ RAY_ENVIRONMENT = {
 }
 
 
+# How long a joining node's `ray start` keeps trying the head's GCS: Ray's connect attempts
+# (each a second or more; ray/_private/node.py, _init_gcs_client). Ray's default, 20, would
+# give up on a head still starting on a loaded node, and a node starts its Ray as soon as it
+# knows the head's address, not once the head is up.
+HEAD_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+
+
 def node_resource(node: int) -> str:
     """The custom resource that pins work to node `node` (one unit per node)."""
     return f"deepdive_node_{node}"
@@ -72,6 +80,7 @@ class RayNode:
         num_cpus: int,
         num_gpus: int,
         environment: dict[str, str],
+        head_wait_s: float = 300.0,
     ) -> None:
         self.node = node
         self.node_ip = node_ip
@@ -83,6 +92,7 @@ class RayNode:
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self.environment = environment
+        self.head_wait_s = head_wait_s
         self.process: subprocess.Popen[bytes] | None = None  # the keeper
         self._worker_logs_read: dict[str, int] = {}
 
@@ -145,6 +155,8 @@ class RayNode:
             "RAY_USAGE_STATS_ENABLED": "0",
         }
         environment.pop("RAY_ADDRESS", None)
+        if self.head_address is not None:
+            environment[HEAD_WAIT_ENV] = str(math.ceil(self.head_wait_s))
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(  # noqa: S603 (ray's own CLI, fixed arguments)
                 self.keeper_command(),

@@ -97,8 +97,9 @@ class EvalEngine(Protocol):
 
 class Backend(Protocol):
     name: str
-    # whether node 0 starts the trainer before every node is ready (it then waits for
-    # cluster.json itself) or only once they all are
+    # whether node 0 starts the trainer with its Ray and services, before any is up (it then
+    # waits for node 0's ready note before it connects to Ray, and for cluster.json), or only
+    # once every node is ready
     starts_early: bool
 
     def check(self) -> list[str]:

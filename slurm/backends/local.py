@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deepdive.local.checkpoint import load_latest
-from deepdive.local.data import prepare_data
 from deepdive.local.paths import RunPaths, resume_point
 from deepdive.local.stack import offline_tools_arguments
 from slurm.backends import EvalEngine, ServiceSpec
@@ -53,6 +51,11 @@ class LocalBackend:
         return LocalEvalEngine(self.experiment)
 
     def prepare(self) -> dict[str, Any]:
+        # imported here, as resume_point's: every node builds its backend before its Ray
+        # starts, and these bring numpy and the search index's library (a second of a loaded
+        # node's start); only node 0 prepares, once its Ray is launched
+        from deepdive.local.data import prepare_data
+
         return prepare_data(self.config, self.paths)
 
     def services(self) -> list[ServiceSpec]:
@@ -95,5 +98,7 @@ class LocalBackend:
         return " ".join(self.command(attempt))
 
     def resume_point(self) -> str | None:
+        from deepdive.local.checkpoint import load_latest
+
         latest = load_latest(self.paths.checkpoints)
         return None if latest is None else f"step {latest[0]} ({self.paths.checkpoints})"

@@ -1,10 +1,11 @@
 """The trainer node 0 runs for `backend = "local"`: `python -m slurm.backends.local_main RUN
 --cluster ATTEMPT/cluster.json --phases ATTEMPT/node-0.phases.jsonl`.
 
-It starts while the other nodes are still coming up and does what needs no cluster first
-(its libraries, the data, the policy); when it needs rollouts it waits for cluster.json (the
-Ray address and each node's service URLs, written once every node is ready) and places one
-rollout worker on each node. It reads the run's resolved experiment (RUN/config.toml) and runs
+It starts with node 0's Ray and services, before any is up, and does what needs no cluster
+first (its libraries, the data, the policy); meanwhile a thread connects to Ray once node 0's
+is up and creates one rollout worker per node (placed as each node joins). When it needs
+rollouts it waits for cluster.json (each node's service URLs, written once every node is
+ready). It reads the run's resolved experiment (RUN/config.toml) and runs
 the same `LocalRun` as `deepdive run`. Its milestones ("training
 started") go to node 0's phase log; its exit code is the job's.
 """
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -27,22 +31,23 @@ from services.waiting import wait_for
 from slurm.config import load_experiment, local_run_config
 from slurm.phases import PhaseLog
 from slurm.ray_cluster import node_resource
-from slurm.run_folder import RunFolder, read_json
+from slurm.run_folder import AttemptFolder, RunFolder, read_json
 
 
 def train(args: argparse.Namespace) -> None:
-    from deepdive.local.ray_rollouts import WorkerPool
     from deepdive.local.run import LocalRun
     from deepdive.local.summary import print_summary
 
     experiment = load_experiment(RunFolder(args.run).config)
     config = local_run_config(experiment)
     phases = PhaseLog(args.phases, node=0, attempt=args.cluster.parent.name)
-    # the workers start now, one per node, and import their libraries while this process
-    # builds the data and the policy and the other nodes join
-    resources = [node_resource(node) for node in range(experiment.slurm.nodes)]
-    pool = WorkerPool(os.environ["RAY_ADDRESS"], resources, config.run.threads)
     timeout_s = experiment.bootstrap.join_timeout_s
+    # the workers start as soon as node 0's Ray is up, one per node, and import their
+    # libraries while this process builds the data and the policy and the other nodes join
+    resources = [node_resource(node) for node in range(experiment.slurm.nodes)]
+    head_ready = AttemptFolder(args.cluster.parent).ready(0)
+    pool = PoolStarter(os.environ["RAY_ADDRESS"], resources, config.run.threads)
+    pool.start(head_ready, timeout_s)
     try:
         summary = LocalRun(
             config,
@@ -55,8 +60,60 @@ def train(args: argparse.Namespace) -> None:
     print_summary(summary, Console())
 
 
+class PoolStarter:
+    """The rollout workers' pool, made in a thread of its own once node 0's Ray is up.
+
+    The trainer starts while Ray is still coming up (the bootstrap starts it with Ray and the
+    services), so the pool waits for node 0's ready note (Ray up, services answering) before
+    it connects; meanwhile the main thread builds the data and the policy. Ray's driver sets
+    its SIGTERM handler (exit, so `finally` blocks run) only from the main thread: it is set
+    here instead, and Ray's warning that it could not is dropped."""
+
+    def __init__(self, address: str, resources: list[str], threads: int) -> None:
+        self.address = address
+        self.resources = resources
+        self.threads = threads
+        self._pool: Any = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, head_ready: Path, timeout_s: float) -> None:
+        signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(number))
+        logging.getLogger("ray._private.worker").addFilter(_NotMainThreadWarning())
+        self._thread = threading.Thread(
+            target=self._connect, args=(head_ready, timeout_s), name="worker-pool", daemon=True
+        )
+        self._thread.start()
+
+    def _connect(self, head_ready: Path, timeout_s: float) -> None:
+        from deepdive.local.ray_rollouts import WorkerPool
+
+        try:
+            wait_for(head_ready.exists, timeout_s=timeout_s, what=f"node 0's Ray ({head_ready})")
+            self._pool = WorkerPool(self.address, self.resources, self.threads)
+        except BaseException as error:  # the main thread raises it when it needs the pool
+            self._error = error
+
+    def pool(self) -> Any:
+        """The pool, once made (its error, if making it failed)."""
+        assert self._thread is not None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+
+class _NotMainThreadWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "not the main thread" not in record.getMessage()
+
+
 def node_rollouts(
-    pool: Any, cluster_file: Path, timeout_s: float, config: Any, paths: Any, say: Any
+    pool: PoolStarter, cluster_file: Path, timeout_s: float, config: Any, paths: Any, say: Any
 ) -> AbstractContextManager[Any]:
     """Once every node is ready (the bootstrap writes cluster.json then): the pool's workers,
     each playing against its own node's services."""
@@ -66,9 +123,10 @@ def node_rollouts(
         note = read_json(cluster_file)
         return note if isinstance(note, dict) else None
 
+    workers = pool.pool()
     cluster = wait_for(probe, timeout_s=timeout_s, what=f"every node to be ready ({cluster_file})")
     nodes = [NodeServices(**node) for node in cluster["nodes"]]
-    return cluster_rollouts(pool, nodes, timeout_s, config, paths, say)
+    return cluster_rollouts(workers, nodes, timeout_s, config, paths, say)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

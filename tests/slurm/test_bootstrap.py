@@ -4,8 +4,10 @@ output goes, the failure drill, and how many tool server workers a node runs on 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import orjson
@@ -15,15 +17,15 @@ import submitit
 from deepdive.rollout_settings import RolloutSettings
 from services.serving.workers import MAX_DEFAULT_WORKERS
 from slurm.backends import build_backend
-from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled
+from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled, node_ip
 from slurm.cadence import LONG_POLL_S
 from slurm.config import load_experiment
 from slurm.environment import NodeInfo, current_node
-from slurm.phases import NodeFailed, PhaseLog
+from slurm.phases import NodeFailed, PhaseLog, Stopping, read_phases
 from slurm.ports import HIGH, plan_node_ports
-from slurm.run_folder import RunFolder
+from slurm.run_folder import RunFolder, write_json
 from slurm.status import run_status
-from tests.helpers import FakeClock
+from tests.helpers import FakeClock, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "cluster-tiny.toml"
@@ -225,3 +227,90 @@ def test_node_0_names_a_peer_that_ended_without_a_word(tmp_path: Path) -> None:
     quiet._on_sigterm(15, None)
     quiet._name_silent_peers()
     assert not quiet.attempt.failed(1).exists()
+
+
+@pytest.mark.slow
+def test_node_0_publishes_the_heads_address_before_its_ray_is_up(tmp_path: Path) -> None:
+    """The other nodes start their Ray at once and Ray's own retry joins them when the head
+    answers (their start overlaps the head's). Before, node 0 wrote head.json only once its
+    Ray was up, and node 1 started Ray only then: 6-8 s after the head on a loaded host."""
+    bootstrap = bootstrap_at(tmp_path, 0, FakeClock())
+    attempt = bootstrap.attempt
+    attempt.root.mkdir(parents=True)
+    write_json(attempt.storage_probe(1), {"nonce": "node 1's"})  # node 1, as seen on storage
+    outcome: list[BaseException | int] = []
+
+    def node_0() -> None:
+        try:
+            outcome.append(bootstrap._run_phases())
+        except BaseException as error:  # handed to the test's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=node_0, daemon=True)
+    thread.start()
+    try:
+        wait_until(attempt.head.exists, 120, "node 0 to publish the head's address")
+        phases = {(line["phase"], line["event"]) for line in read_phases(attempt.phases(0))}
+        assert ("launch", "start") in phases and ("ray", "done") not in phases
+        assert bootstrap.ray is not None
+        head = orjson.loads(attempt.head.read_bytes())
+        gcs = bootstrap.ray.ports.ray_gcs  # where the head's GCS listens: the address joined
+        assert head == {"address": f"{node_ip()}:{gcs}"}
+        assert f"--port={gcs}" in bootstrap.ray.command()
+    finally:
+        write_json(attempt.end, {"stopped": "test"})
+        thread.join(60)
+        bootstrap._stop_children()
+    assert len(outcome) == 1 and isinstance(outcome[0], Stopping)
+
+
+def test_a_trainer_that_exits_while_the_node_starts_fails_it_naming_training(
+    tmp_path: Path,
+) -> None:
+    """A trainer that starts early starts with Ray and the services: its exit before the
+    training phase (a bad import, a broken config) fails the node at once, named, in every
+    phase the node is still starting (before, only while node 0 waited for the others)."""
+    bootstrap = bootstrap_at(tmp_path, 0, FakeClock())
+    bootstrap.trainer = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    bootstrap.trainer.wait()
+    for phase in ("ray", "services", "join"):
+        with pytest.raises(NodeFailed) as failure, bootstrap.phases.phase(phase):
+            bootstrap._check()
+        assert failure.value.phase == "training"
+        assert "the trainer exited with status 3 before every node was ready" in str(
+            failure.value.message
+        )
+    bootstrap._on_sigterm(15, None)  # Slurm ending the job: the trainer went with it
+    with pytest.raises(Stopping), bootstrap.phases.phase("ray"):
+        bootstrap._check()
+
+
+BEFORE_RAY = """
+import sys
+from pathlib import Path
+from slurm.bootstrap import NodeBootstrap
+from slurm.config import load_experiment
+from slurm.environment import NodeInfo
+config = load_experiment(Path(sys.argv[1]), [f'run.folder="{sys.argv[2]}"'])
+bootstrap = NodeBootstrap(config, NodeInfo("4714", 1, 2, "host", "n2", 0, 2))
+bootstrap.backend.environment("127.0.0.1")
+bootstrap.backend.services()
+print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def test_a_node_starts_its_ray_before_importing_the_trainers_libraries(tmp_path: Path) -> None:
+    """Everything a node imports before it launches Ray delays its Ray: the local backend
+    imported its data module (numpy, the search index's bm25s: a second of a loaded node's
+    start) on every node, though only node 0 prepares the data, after its Ray is launched."""
+    result = subprocess.run(
+        [sys.executable, "-c", BEFORE_RAY, str(TINY), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    loaded = set(result.stdout.split())
+    assert {"slurm", "deepdive", "services"} <= loaded  # the probe saw the bootstrap's imports
+    assert not loaded & {"numpy", "bm25s", "torch", "transformers", "ray", "httpx"}

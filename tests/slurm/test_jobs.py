@@ -166,6 +166,17 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
         done = [line["phase"] for line in lines if line["event"] == "done"]
         assert done[:3] == ["secrets", "storage", "ports"] and done[-1] == last, done
         assert [line["t"] for line in lines] == sorted(line["t"] for line in lines)
+    # bring-up: node 1 launches its Ray while node 0's head is still coming up (it waited
+    # for the head to be up, then took 6-8 s more to join)
+    head, joining = phase_times(attempt, 0), phase_times(attempt, 1)
+    assert joining[("launch", "done")] < head[("ray", "done")], (joining, head)
+    # ... a node checks its services while its Ray still starts (it did after: an HTTP
+    # client's import and a request per service added to the join)
+    for times in (head, joining):
+        assert times[("services", "done")] <= times[("ray", "start")], times
+    # ... and node 0's trainer loads its libraries, the data and the policy meanwhile (it
+    # started once node 0's services were ready)
+    assert head[("trainer_started", "event")] < head[("ray", "done")], head
 
     # secrets: never in argv, the submitit folder (pickles, sbatch script), the run folder, logs
     assert not [line for line in commands.seen if CANARY_KEY in line or CANARY_TOKEN in line]

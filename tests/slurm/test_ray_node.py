@@ -96,3 +96,21 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
             driver.wait()
         bootstrap.ray.stop(5)
     assert not bootstrap.ray.temp_dir.exists()
+
+
+def test_rays_keeper_starts_without_an_http_client() -> None:
+    """The keeper (slurm.ray_keeper) is a Python process started in front of every node's
+    Ray: what it imports delays the node's Ray start. It imported httpx through
+    services.process (for child_preexec), ~0.7 s of CPU per node on a loaded host."""
+    script = "import sys, slurm.ray_keeper; print(sorted(m.split('.')[0] for m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    loaded = set(result.stdout.split("'")[1::2])
+    assert "slurm" in loaded  # the probe saw the keeper's imports
+    assert not loaded & {"httpx", "httpcore", "anyio", "starlette", "uvicorn", "ray"}

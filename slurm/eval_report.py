@@ -62,6 +62,8 @@ def summarize(rows: list[dict[str, Any]], samples: int) -> dict[str, Any]:
         "turns_mean": sum(row["turns"] for row in rows) / count,
         "tool_calls_mean": {name: n / count for name, n in sorted(calls.items())},
         "statuses": dict(Counter(row["status"] for row in rows)),
+        # SGLang refused or failed these: no answer, scored 0 above (deepdive.aborts)
+        "aborted": sum(1 for row in rows if row["status"] == "ABORTED"),
         "failure_reasons": dict(
             Counter(_reason(row["error"]) for row in rows if row["error"]).most_common()
         ),
@@ -77,6 +79,7 @@ def print_table(summaries: dict[str, dict[str, Any]], samples: int, console: Con
         f"pass@{samples}",
         "turns",
         "tool calls",
+        "aborted",
         "failures",
     ):
         table.add_column(column, justify="left" if column == "checkpoint" else "right")
@@ -90,6 +93,7 @@ def print_table(summaries: dict[str, dict[str, Any]], samples: int, console: Con
             f"{summary[f'pass_at_{samples}']:.3f}",
             f"{summary['turns_mean']:.1f}",
             f"{calls:.1f}",
+            str(summary["aborted"]),
             failures or "-",
         )
     console.print(table)

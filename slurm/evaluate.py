@@ -23,8 +23,9 @@ from typing import Any
 import orjson
 from rich.console import Console
 
+from deepdive.aborts import aborted_errors
 from deepdive.rollout_settings import RolloutSettings, rollout_args
-from services.exceptions import ConfigError
+from services.exceptions import ConfigError, ServiceError
 from services.files import atomic_write_bytes
 from services.logs import register_secret
 from services.process import ServiceProcess
@@ -32,6 +33,28 @@ from services.secrets import TOKEN_ENV, load_env_file
 from slurm.backends import Checkpoint, build_backend
 from slurm.config import ExperimentConfig
 from slurm.eval_report import episode_row, print_table, summarize
+
+# an evaluation mostly ABORTED measures SGLang, not the checkpoint: its accuracy is no figure
+EVAL_HINTS = (
+    "Its accuracy counts them as wrong answers: it measures the engine, not the checkpoint. "
+    "Check the engine's log in the eval folder's logs/ (a context too long for the model, "
+    "--rollout-top-p below 1 on an SGLang without slime's patch, an engine that died). The "
+    "limit is the backend's max_aborted_share (slime.deepdive or local.rollout)."
+)
+
+
+def too_many_aborted(checkpoint: str, played: list[Any], limit: float) -> str | None:
+    """What to say when more of a checkpoint's episodes ABORTED than `limit` allows (the
+    backend's max_aborted_share, as in training): the count and the engine's words."""
+    errors = aborted_errors(played)
+    aborted = sum(errors.values())
+    if not played or aborted / len(played) <= limit:
+        return None
+    said = "; ".join(f"[{count}x] {error}" for error, count in errors.most_common(3))
+    return (
+        f"checkpoint {checkpoint}: {aborted} of {len(played)} episodes ABORTED, more than "
+        f"max_aborted_share = {limit:g} allows. The engine said: {said}"
+    )
 
 
 def resolve(config: ExperimentConfig, spec: str) -> Checkpoint:
@@ -111,6 +134,7 @@ def evaluate(
     }
     summaries: dict[str, dict[str, Any]] = {}
     results: list[dict[str, Any]] = []
+    refused: list[str] = []  # checkpoints whose episodes SGLang mostly failed
     with services(config, out / "logs") as urls:
         for checkpoint in checkpoints:
             with engine.serve(checkpoint, out / "logs") as (sglang, tokenizer):
@@ -133,11 +157,17 @@ def evaluate(
                 "path": str(checkpoint.path),
                 **summarize(episodes, samples),
             }
+            aborted = summaries[checkpoint.name]["aborted"]
             console.print(
                 f"{checkpoint.name}: accuracy {summaries[checkpoint.name]['accuracy']:.3f} "
-                f"over {len(episodes)} episodes"
+                f"over {len(episodes)} episodes" + (f", {aborted} ABORTED" if aborted else "")
             )
+            refusal = too_many_aborted(checkpoint.name, played, training.knobs.max_aborted_share)
+            if refusal:
+                refused.append(refusal)
     atomic_write_bytes(out / "results.jsonl", b"".join(orjson.dumps(r) + b"\n" for r in results))
     atomic_write_bytes(out / "summary.json", orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
     print_table(summaries, samples, console)
+    if refused:  # after every checkpoint's results are written: nothing played is lost
+        raise ServiceError(f"{' | '.join(refused)}. {EVAL_HINTS}")
     return summaries

@@ -1,4 +1,6 @@
-"""`make bench`: run every benchmark, print a table each, save JSON under benchmarks/results/."""
+"""`make bench`: run every benchmark of today's code, print a table each, save JSON under
+benchmarks/results/ (docs/benchmarks.md lists them). The side-by-side comparison with another
+commit runs only when named: `--only side_by_side [--baseline REF] [--parts tools,rollout]`."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from benchmarks import (
     side_by_side,
     tool_server,
 )
+from benchmarks.baseline import BASELINE_COMMIT
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -191,9 +194,21 @@ def show_job_start(console: Console, results: dict[str, Any]) -> None:
         )
 
 
-def show_side_by_side(
-    console: Console, tools: dict[str, Any], rewards: dict[str, Any], rollouts: dict[str, Any]
-) -> None:
+def show_side_by_side(console: Console, results: dict[str, Any]) -> None:
+    """The parts that ran: the tool server's loads and new sessions, the reward server, the
+    rollout."""
+    tools = results.get("tool_server")
+    if tools and tools["loads"]:
+        show_side_by_side_loads(console, tools)
+    if tools and tools["accept"]:
+        show_side_by_side_accept(console, tools)
+    if "reward_server" in results:
+        show_side_by_side_reward(console, results["reward_server"])
+    if "rollout" in results:
+        show_side_by_side_rollout(console, results["rollout"])
+
+
+def show_side_by_side_loads(console: Console, tools: dict[str, Any]) -> None:
     base = tools["baseline"]
     table = Table(title=f"tool server, this checkout vs {base} (side by side, pairs in turn)")
     columns = (
@@ -223,6 +238,10 @@ def show_side_by_side(
             f"{row['baseline_errors']:.0f} / {row['this_errors']:.0f}",
         )
     console.print(table)
+
+
+def show_side_by_side_accept(console: Console, tools: dict[str, Any]) -> None:
+    base = tools["baseline"]
     accept = Table(
         title=f"new sessions at {side_by_side.ACCEPT_SESSIONS} busy sessions (mixed load), and at "
         f"the busiest worker's share of them on {side_by_side.NODE_WORKERS} workers: "
@@ -263,6 +282,10 @@ def show_side_by_side(
                 f"{run['server_rss_mb']}",
             )
     console.print(accept)
+
+
+def show_side_by_side_reward(console: Console, rewards: dict[str, Any]) -> None:
+    base = rewards["baseline"]
     reward = Table(
         title=f"reward server, rule judge, {rewards['sessions']} sessions of new answers "
         f"(this checkout vs {base}; 10 s client timeout)"
@@ -282,6 +305,10 @@ def show_side_by_side(
         )
     console.print(reward)
     console.print(f"reward server CPU ratio: {rewards['cpu_ratio']:.2f}x")
+
+
+def show_side_by_side_rollout(console: Console, rollouts: dict[str, Any]) -> None:
+    base = rollouts["baseline"]
     roll = Table(title=f"rollout CPU per turn, this checkout vs {rollouts['baseline']}")
     right_aligned(
         roll, ("episodes", f"ms/turn {base}", "ms/turn now", "ratio", "identical samples")
@@ -330,6 +357,27 @@ def show_node_services(console: Console, results: dict[str, Any]) -> None:
     console.print(table)
 
 
+def run_side_by_side(console: Console, args: argparse.Namespace) -> None:
+    parts = set(args.parts.split(","))
+    unknown = parts - set(side_by_side.PARTS)
+    if unknown:
+        raise SystemExit(
+            f"--parts: unknown {', '.join(sorted(unknown))} "
+            f"(expected some of {','.join(side_by_side.PARTS)})"
+        )
+    results: dict[str, Any] = {}
+    if parts & {"tools", "accept"}:
+        results["tool_server"] = side_by_side.tool_server(
+            args.seconds, args.baseline, loads="tools" in parts, accept="accept" in parts
+        )
+    if "reward" in parts:
+        results["reward_server"] = side_by_side.reward_server(args.seconds, args.baseline)
+    if "rollout" in parts:
+        results["rollout"] = side_by_side.rollout(args.baseline)
+    (RESULTS / "side_by_side.json").write_text(json.dumps(results, indent=2))
+    show_side_by_side(console, results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
@@ -346,21 +394,25 @@ def main() -> None:
             "side_by_side",
             "node_services",
         ],
-        help="run one benchmark",
+        help="run one benchmark (side_by_side runs only when named)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE_COMMIT,
+        metavar="REF",
+        help=f"side_by_side: the commit (or a folder holding a checkout) to compare this "
+        f"checkout with (default {BASELINE_COMMIT})",
+    )
+    parser.add_argument(
+        "--parts",
+        default=",".join(side_by_side.PARTS),
+        help=f"side_by_side: which parts, comma-separated (default {','.join(side_by_side.PARTS)})",
     )
     args = parser.parse_args()
     console = Console(width=160)
     RESULTS.mkdir(exist_ok=True)
-    if args.only in (None, "side_by_side"):
-        tools = side_by_side.tool_server(seconds=args.seconds)
-        rewards = side_by_side.reward_server(seconds=args.seconds)
-        rollouts = side_by_side.rollout()
-        (RESULTS / "side_by_side.json").write_text(
-            json.dumps(
-                {"tool_server": tools, "reward_server": rewards, "rollout": rollouts}, indent=2
-            )
-        )
-        show_side_by_side(console, tools, rewards, rollouts)
+    if args.only == "side_by_side":
+        run_side_by_side(console, args)
     if args.only in (None, "tool_server"):
         results = tool_server.run(seconds=args.seconds)
         (RESULTS / "tool_server.json").write_text(json.dumps(results, indent=2))

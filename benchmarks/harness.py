@@ -127,6 +127,7 @@ def run_wrk(
         "p99_ms": raw["p99_us"] / 1000,
         "max_ms": raw["max_us"] / 1000,
         "errors": sum(raw[key] for key in _ERROR_KEYS),
+        "error_kinds": {key: raw[key] for key in _ERROR_KEYS if raw[key]},
         "timeouts": raw["timeouts"],
         "requests": raw["requests"],
         "server_cpu_ms_per_call": round(cpu_ms / max(1, raw["requests"]), 3),

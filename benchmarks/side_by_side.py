@@ -1,12 +1,14 @@
-"""Issue 17's figures as ratios: this checkout against main at the baseline commit, measured in
-turn, pair by pair, in one run (benchmarks/baseline.py makes the second worktree).
+"""This checkout against another commit of main (c98b67c unless `--baseline REF`), measured in
+turn, pair by pair, in one run (benchmarks/baseline.py makes the second worktree). Not part of a
+plain `make bench`: `python -m benchmarks --only side_by_side [--baseline REF] [--parts ...]`.
 
 Tool server (alone on core 0; fake Serper with 50 ms latency, wrk and the probe on core 1):
   mixed   half the searches repeat one of 16 queries, every search is followed by a click
   miss    a new query every call (every call reaches the upstream)
 at 64 and 256 sessions: server CPU per call, calls/s, added p50/p99 (over the upstream's latency).
-Then at 1,024 sessions of the mixed load, new sessions arrive in waves (benchmarks/accept_probe):
-time from connect to the first byte of their first call.
+Then (part `accept`) at 1,024 sessions of the mixed load, new sessions arrive in waves
+(benchmarks/accept_probe): time from connect to the first byte of their first call.
+Reward server (part `reward`): the rule judge at 512 sessions of new answers.
 
 Rollout (benchmarks/rollout_driver.py, one process on core 0; instant fakes on core 1):
 CPU per turn at 64 and 256 concurrent episodes with a Hugging Face fast tokenizer, and whether
@@ -32,7 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
-from benchmarks.baseline import BASELINE_COMMIT, ROOT, baseline_tree
+from benchmarks.baseline import BASELINE_COMMIT, ROOT, baseline_tree, has_workers_option
 from benchmarks.harness import (
     add_latency_over,
     free_port,
@@ -65,6 +67,9 @@ ROLLOUT_SAMPLES = (64, 256)
 ROLLOUT_TURNS = 16
 ROLLOUT_ROUNDS = 3
 SIDES = ("baseline", "this")
+# what `--parts` chooses from: the tool server's loads, its new sessions under load, the reward
+# server, the rollout's CPU per turn
+PARTS = ("tools", "accept", "reward", "rollout")
 
 
 def tree_env(tree: Path) -> dict[str, str]:
@@ -73,17 +78,16 @@ def tree_env(tree: Path) -> dict[str, str]:
     return env
 
 
-def tree_of(side: str) -> Path:
-    """The side's source tree: the baseline worktree (made on first use), or this checkout."""
-    return baseline_tree() if side == "baseline" else ROOT
+def tree_of(side: str, baseline: str = BASELINE_COMMIT) -> Path:
+    """The side's source tree: the baseline's (a worktree made on first use), or this checkout."""
+    return baseline_tree(baseline) if side == "baseline" else ROOT
 
 
 def start_in_tree(
-    stack: ExitStack, side: str, command: list[str], base: str, work: Path
+    stack: ExitStack, tree: Path, side: str, command: list[str], base: str, work: Path
 ) -> tuple[int, str]:
-    """Start `command` (a server at `base`) from the side's tree, its modules first on the
-    path; it stops with `stack`. Returns (pid, base URL)."""
-    tree = tree_of(side)
+    """Start `command` (a server at `base`) from `tree`, its modules first on the path; it
+    stops with `stack`. Returns (pid, base URL)."""
     with contextlib.chdir(tree):
         proc = stack.enter_context(
             process(command, f"{base}/health", work / f"{side}.log", tree_env(tree))
@@ -92,22 +96,27 @@ def start_in_tree(
 
 
 @contextmanager
-def tool_servers(work: Path, upstream: str) -> Iterator[dict[str, tuple[int, str]]]:
-    """Both trees' tool servers, each pinned to core 0: side -> (pid, base URL)."""
+def tool_servers(work: Path, upstream: str, baseline: str) -> Iterator[dict[str, tuple[int, str]]]:
+    """Both trees' tool servers, one process each, pinned to core 0: side -> (pid, base URL)."""
     corpus = work / "corpus.jsonl"
     write_corpus(corpus)
     servers: dict[str, tuple[int, str]] = {}
     with ExitStack() as stack:
         for side in SIDES:
+            tree = tree_of(side, baseline)
             port = free_port()
             command = pinned(
                 tool_server_command(
-                    port, upstream, corpus, work / f"idx-{side}", workers=side == "this"
+                    port,
+                    upstream,
+                    corpus,
+                    work / f"idx-{side}",
+                    workers=has_workers_option(tree),
                 ),
                 core=0,
             )
             base = f"http://127.0.0.1:{port}"
-            servers[side] = start_in_tree(stack, side, command, base, work)
+            servers[side] = start_in_tree(stack, tree, side, command, base, work)
             httpx.post(  # the query the accept probe asks for: cached from here on
                 f"{base}/tool",
                 json={
@@ -211,10 +220,13 @@ def ratio(before: float, after: float) -> float:
     return round(before / after, 2) if after else float("inf")
 
 
-def tool_server(seconds: int) -> dict[str, Any]:
+def tool_server(
+    seconds: int, baseline: str = BASELINE_COMMIT, loads: bool = True, accept: bool = True
+) -> dict[str, Any]:
+    """The loads (`loads`) and new sessions under load (`accept`), both trees in turn."""
     if shutil.which("wrk") is None:
         raise RuntimeError("the side-by-side benchmark needs wrk (apt-get install wrk)")
-    results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "loads": [], "accept": []}
+    results: dict[str, Any] = {"baseline": baseline, "loads": [], "accept": []}
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
         work = Path(tmp)
         up_port = free_port()
@@ -227,16 +239,16 @@ def tool_server(seconds: int) -> dict[str, Any]:
         )
         with (
             process(fake, f"{upstream}/stats", work / "fake.log"),
-            tool_servers(work, upstream) as servers,
+            tool_servers(work, upstream, baseline) as servers,
         ):
-            for mode in ("mixed", "miss"):
+            for mode in ("mixed", "miss") if loads else ():
                 for sessions in SESSIONS:
                     pairs = [
                         load_pair(servers, upstream, mode, sessions, seconds) for _ in range(ROUNDS)
                     ]
                     results["loads"].append(summarise(mode, sessions, pairs))
             share = busiest_worker_share(ACCEPT_SESSIONS, GROUP, NODE_WORKERS)
-            for sessions in (ACCEPT_SESSIONS, share):
+            for sessions in (ACCEPT_SESSIONS, share) if accept else ():
                 for think_ms in ACCEPT_THINK_MS:
                     for _ in range(ROUNDS):
                         results["accept"].append(
@@ -284,17 +296,19 @@ def summarise(mode: str, sessions: int, pairs: list[dict[str, dict[str, Any]]]) 
 REWARD_SESSIONS = 512
 
 
-def reward_server(seconds: int) -> dict[str, Any]:
+def reward_server(seconds: int, baseline: str = BASELINE_COMMIT) -> dict[str, Any]:
     """The reward server with the rule judge at REWARD_SESSIONS sessions of new answers (where
     c98b67c starved its accepts): both trees, alone on core 0 in turn, wrk on core 1."""
-    results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "sessions": REWARD_SESSIONS}
+    results: dict[str, Any] = {"baseline": baseline, "sessions": REWARD_SESSIONS}
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         servers: dict[str, tuple[int, str]] = {}
         for side in SIDES:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            servers[side] = start_in_tree(stack, side, reward_server_command(port), base, work)
+            tree = tree_of(side, baseline)
+            command = reward_server_command(port)
+            servers[side] = start_in_tree(stack, tree, side, command, base, work)
         pairs = [
             {
                 side: run_wrk(
@@ -319,11 +333,11 @@ def reward_server(seconds: int) -> dict[str, Any]:
     return results
 
 
-def rollout() -> dict[str, Any]:
+def rollout(baseline: str = BASELINE_COMMIT) -> dict[str, Any]:
     from deepdive.local.model import train_tokenizer
 
-    results: dict[str, Any] = {"baseline": BASELINE_COMMIT, "runs": []}
-    trees = {side: tree_of(side) for side in SIDES}
+    results: dict[str, Any] = {"baseline": baseline, "runs": []}
+    trees = {side: tree_of(side, baseline) for side in SIDES}
     driver = Path(__file__).with_name("rollout_driver.py")
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
         work = Path(tmp)

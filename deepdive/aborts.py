@@ -25,9 +25,9 @@ import orjson
 
 from deepdive.rollout_settings import arg_name, settings_from_args
 from deepdive.sample import status_name
-from services.exceptions import ServiceError, UpstreamBadResponse
+from services.base.errors import ServiceError, UpstreamBadResponse
+from services.base.logs import log_event, redact
 from services.http import UpstreamReply
-from services.logs import log_event, redact
 
 logger = logging.getLogger("deepdive.aborts")
 

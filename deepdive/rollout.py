@@ -50,9 +50,9 @@ from deepdive.routing import node_for, tool_worker_for
 from deepdive.sample import status_name, status_of
 from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
-from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse, UpstreamError
+from services.base.errors import ConfigError, ServiceError, UpstreamBadResponse, UpstreamError
+from services.base.logs import log_event
 from services.http import Upstream, decode_json_object
-from services.logs import log_event
 
 logger = logging.getLogger("deepdive.rollout")
 _TOKENIZERS: dict[str, Any] = {}

@@ -34,9 +34,9 @@ import orjson
 
 from deepdive.clients import PerLoop, service_client
 from deepdive.rollout_settings import arg_name
-from services.exceptions import ConfigError, ServiceError, UpstreamAuthError, UpstreamBadResponse
+from services.base.errors import ConfigError, ServiceError, UpstreamAuthError, UpstreamBadResponse
+from services.base.logs import log_event
 from services.http import ErrorClassifier, Upstream, UpstreamReply
-from services.logs import log_event
 
 logger = logging.getLogger("deepdive.service_check")
 

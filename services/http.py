@@ -30,8 +30,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from services.clock import SYSTEM_CLOCK, Clock
-from services.exceptions import (
+from services.base.clock import SYSTEM_CLOCK, Clock
+from services.base.errors import (
     ConfigError,
     ServiceError,
     UpstreamAuthError,
@@ -40,7 +40,7 @@ from services.exceptions import (
     UpstreamRateLimited,
     UpstreamUnavailable,
 )
-from services.logs import log_event, redact, redact_third_party_loggers
+from services.base.logs import log_event, redact, redact_third_party_loggers
 from services.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge, check_header
 
 if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus

@@ -47,11 +47,11 @@ from typing import Any
 
 import submitit
 
-from services.exceptions import ServiceError
-from services.logs import configure_logging, log_event, register_secret
-from services.process import ServiceProcess, child_preexec
-from services.secrets import TOKEN_ENV, load_env_file
-from services.waiting import wait_for
+from services.base.errors import ServiceError
+from services.base.logs import configure_logging, log_event, register_secret
+from services.base.process import ServiceProcess, child_preexec
+from services.base.secrets import TOKEN_ENV, load_env_file
+from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence

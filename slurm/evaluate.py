@@ -24,11 +24,11 @@ import orjson
 from rich.console import Console
 
 from deepdive.rollout_settings import RolloutSettings, rollout_args
-from services.exceptions import ConfigError
-from services.files import atomic_write_bytes
-from services.logs import register_secret
-from services.process import ServiceProcess
-from services.secrets import TOKEN_ENV, load_env_file
+from services.base.errors import ConfigError
+from services.base.files import atomic_write_bytes
+from services.base.logs import register_secret
+from services.base.process import ServiceProcess
+from services.base.secrets import TOKEN_ENV, load_env_file
 from slurm.backends import Checkpoint, build_backend
 from slurm.config import ExperimentConfig
 from slurm.eval_report import episode_row, print_table, summarize

@@ -8,7 +8,7 @@ import json
 from importlib.resources import files
 from typing import Any
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 
 def read_json(package: str, name: str) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from services.exceptions import ServiceError
-from services.logs import log_event, redact
+from services.base.errors import ServiceError
+from services.base.logs import log_event, redact
 
 logger = logging.getLogger("deepdive.job")
 

@@ -27,9 +27,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from services.exceptions import ServiceError
-from services.process import child_preexec, log_tail
-from services.waiting import WaitTimeout, wait_for
+from services.base.errors import ServiceError
+from services.base.process import child_preexec, log_tail
+from services.base.waiting import WaitTimeout, wait_for
 from slurm.ports import NodePorts
 from slurm.ray_keeper import end_group
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ServiceError
+from services.base.errors import ServiceError
 from slurm import requeue
 from slurm.config import ExperimentConfig
 from slurm.run_folder import RunFolder

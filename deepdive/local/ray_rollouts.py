@@ -25,7 +25,7 @@ from deepdive.local.paths import RunPaths
 from deepdive.local.rollouts import settings_for
 from deepdive.local.stack import engine_server
 from deepdive.rollout_settings import rollout_args
-from services.exceptions import ServiceError
+from services.base.errors import ServiceError
 
 
 @dataclass(frozen=True)

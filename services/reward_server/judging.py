@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.exceptions import ServiceError
+from services.base.errors import ServiceError
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,10 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from services.clock import SYSTEM_CLOCK, Now
-from services.exceptions import ConfigError, ServiceError
-from services.logs import flush_logs, log_event
-from services.process import child_preexec
+from services.base.clock import SYSTEM_CLOCK, Now
+from services.base.errors import ConfigError, ServiceError
+from services.base.logs import flush_logs, log_event
+from services.base.process import child_preexec
 from services.serving.serve import BACKLOG, bind, url_host
 from services.serving.supervision import Liveness, RestartBudget, SupervisionPolicy
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ServiceError
+from services.base.errors import ServiceError
 from slurm.config import ExperimentConfig
 from slurm.environment import current_node
 from slurm.run_folder import RunFolder, private_folder, read_json

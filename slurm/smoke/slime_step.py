@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ServiceError
+from services.base.errors import ServiceError
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime
 from slurm.backends.slime.config import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.package_data import read_json
 

@@ -17,7 +17,7 @@ import tomli_w
 import yaml
 
 from deepdive.rollout_settings import settings_from_args
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends import build_backend
 from slurm.backends.slime.args import custom_config, presets, render, slime_arguments
 from slurm.backends.slime.backend import SlimeBackend

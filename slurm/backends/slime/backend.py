@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 from deepdive.rollout_settings import NODES
-from services.exceptions import ConfigError
-from services.files import atomic_write_bytes
+from services.base.errors import ConfigError
+from services.base.files import atomic_write_bytes
 from slurm.backends import EvalEngine, ServiceSpec
 from slurm.backends.slime.args import (
     custom_config,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from services.exceptions import ServiceError
-from services.process import child_preexec, log_tail
-from services.waiting import WaitTimeout, wait_for
+from services.base.errors import ServiceError
+from services.base.process import child_preexec, log_tail
+from services.base.waiting import WaitTimeout, wait_for
 
 READY_TIMEOUT_S = 1800.0  # a large model takes minutes to load
 

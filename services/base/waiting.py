@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from services.clock import SYSTEM_CLOCK, Clock
-from services.exceptions import ServiceError
+from services.base.clock import SYSTEM_CLOCK, Clock
+from services.base.errors import ServiceError
 
 T = TypeVar("T")
 

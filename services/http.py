@@ -33,7 +33,7 @@ from yarl import URL
 from services.base.clock import SYSTEM_CLOCK, Clock
 from services.base.errors import (
     ConfigError,
-    ServiceError,
+    DeepDiveError,
     UpstreamAuthError,
     UpstreamBadResponse,
     UpstreamError,
@@ -141,7 +141,7 @@ class UpstreamReply:
 # Reads a refused reply (status >= 400) before the generic rules: an UpstreamAuthError is a key
 # problem (reported once, /ready off); any other error is raised as it is, never retried (a
 # ToolError for a provider; a ConfigError where a status means the URL itself is wrong).
-ErrorClassifier = Callable[[UpstreamReply], "ServiceError | None"]
+ErrorClassifier = Callable[[UpstreamReply], "DeepDiveError | None"]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from services.base.errors import ServiceError
+from services.base.errors import RuntimeFailure
 from services.base.process import child_preexec, log_tail
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.ports import NodePorts
@@ -62,7 +62,7 @@ def node_resource(node: int) -> str:
     return f"deepdive_node_{node}"
 
 
-class RayStartError(ServiceError):
+class RayStartError(RuntimeFailure):
     code = "ray_start_failed"
 
 

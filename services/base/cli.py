@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.base.errors import ConfigError, ServiceError
+from services.base.errors import ConfigError, DeepDiveError
 
 Handler = Callable[[argparse.Namespace], None]
 
@@ -97,14 +97,15 @@ def add_subcommands(
 
 def run_handler(program: str, args: argparse.Namespace) -> int:
     """Run the parsed command; known errors become one clear line and an exit code (2: a
-    configuration error, 1: a service or upstream failure, 130: interrupted)."""
+    ConfigError, the user's input to fix; 1: any other DeepDiveError, a runtime failure such as
+    a Slurm command failing or a service that would not start; 130: interrupted)."""
     handler: Handler = args.handler
     try:
         handler(args)
     except ConfigError as error:
         print(f"{program}: error: {error.message}", file=sys.stderr)
         return 2
-    except ServiceError as error:  # a service that would not start, an upstream that failed
+    except DeepDiveError as error:  # a fact of the world: a command, a process, an upstream failed
         print(f"{program}: error: {error.message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from services.base.errors import ServiceError
+from services.base.errors import RuntimeFailure
 from services.base.secrets import TOKEN_ENV
 from services.base.waiting import WaitTimeout, wait_for
 
@@ -68,7 +68,7 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-class ServiceStartError(ServiceError):
+class ServiceStartError(RuntimeFailure):
     """A service process exited or did not become ready in time."""
 
     code = "service_start_failed"

@@ -35,7 +35,7 @@ from typing import Any
 
 import submitit
 
-from services.base.errors import ConfigError, ServiceError
+from services.base.errors import ConfigError, RuntimeFailure
 from services.base.files import partial_path, publish, remove
 from services.base.process import child_preexec
 from slurm import requeue
@@ -46,7 +46,7 @@ from slurm.submit import python_command
 TRACKER = "latest_checkpointed_iteration.txt"
 
 
-class ConversionFailed(ServiceError):
+class ConversionFailed(RuntimeFailure):
     code = "conversion_failed"
 
 

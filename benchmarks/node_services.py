@@ -53,7 +53,7 @@ from deepdive.protocol import format_tool_call
 from deepdive.rollout_settings import TOKENIZER_ARG
 from deepdive.sample import LocalSample
 from fakes.sglang import ByteTokenizer, FakeSGLang, ScriptedTurn
-from services.process import ServiceProcess
+from services.base.process import ServiceProcess
 from services.serving.serve import bind, start_server_thread
 from slurm.backends.slime.backend import CUSTOM_CONFIG, SlimeBackend
 from slurm.backends.slime.replay import replay

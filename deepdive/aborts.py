@@ -25,9 +25,9 @@ import orjson
 
 from deepdive.rollout_settings import arg_name, settings_from_args
 from deepdive.sample import status_name
-from services.exceptions import ServiceError, UpstreamBadResponse
+from services.base.errors import DeepDiveError, UpstreamBadResponse
+from services.base.logs import log_event, redact
 from services.http import UpstreamReply
-from services.logs import log_event, redact
 
 logger = logging.getLogger("deepdive.aborts")
 
@@ -67,7 +67,7 @@ def sglang_message(content: bytes) -> str:
     return one_line(text) or "(no message)"
 
 
-def sglang_refusal(reply: UpstreamReply) -> ServiceError | None:
+def sglang_refusal(reply: UpstreamReply) -> DeepDiveError | None:
     """The SGLang client's reading of a 4xx (services.http's `classify_error`): the request
     itself was refused, so retrying cannot help, and the error carries SGLang's message
     (the generic rule keeps only the status). Keys (401-403) and rate limits (429) keep the

@@ -11,8 +11,8 @@ import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from services.base.secrets import TOKEN_ENV, read_secret
 from services.http import ErrorClassifier, RetryPolicy, Upstream, UpstreamSettings
-from services.secrets import TOKEN_ENV, read_secret
 
 V = TypeVar("V")
 

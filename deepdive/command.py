@@ -17,7 +17,7 @@ from deepdive.convert import (
     summary_text,
 )
 from deepdive.protocol import SYSTEM_PROMPTS
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:

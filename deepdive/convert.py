@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from deepdive.protocol import SYSTEM_PROMPT, TOOL_SCHEMAS
-from services.files import partial_path, publish, remove
-from services.text import plain_words
+from services.base.files import partial_path, publish, remove
+from services.base.text import plain_words
 
 INPUT_KEY = "input_messages"
 LABEL_KEY = "label"

@@ -50,9 +50,9 @@ from deepdive.routing import node_for, tool_worker_for
 from deepdive.sample import status_name, status_of
 from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
-from services.exceptions import ConfigError, ServiceError, UpstreamBadResponse, UpstreamError
+from services.base.errors import ConfigError, DeepDiveError, UpstreamBadResponse, UpstreamError
+from services.base.logs import log_event
 from services.http import Upstream, decode_json_object
-from services.logs import log_event
 
 logger = logging.getLogger("deepdive.rollout")
 _TOKENIZERS: dict[str, Any] = {}
@@ -175,7 +175,7 @@ async def generate_turn(
     input_ids: list[int],
     params: dict[str, Any],
 ) -> Turn:
-    """One SGLang /generate call, token in and token out. Raises `ServiceError` on failure
+    """One SGLang /generate call, token in and token out. Raises `DeepDiveError` on failure
     (a refusal carries SGLang's message: the client reads 4xx with deepdive.aborts)."""
     payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     reply = await client.send(
@@ -232,7 +232,7 @@ async def call_tool(
         return observation if isinstance(observation, str) else str(observation)
     except ConfigError:
         raise  # a wrong URL: the run stops
-    except ServiceError as error:
+    except DeepDiveError as error:
         return f"The tool server could not run {call.name} ({error.message}). Try again or use another tool."
 
 
@@ -303,7 +303,7 @@ async def generate_with_tool(
                 trajectory.tokens,  # serialised before the call returns; only then does it grow
                 _turn_params(base_params, max_new, stats.turns),
             )
-        except ServiceError as error:  # an UpstreamError's message names sglang already
+        except DeepDiveError as error:  # an UpstreamError's message names sglang already
             named = isinstance(error, UpstreamError)
             stats.error = error.message if named else f"sglang: {error.message}"
             status = "ABORTED"
@@ -486,7 +486,7 @@ async def _node_rewards(settings: RolloutSettings, url: str, samples: list[Any])
         results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
     except ConfigError:
         raise  # a wrong URL: the run stops
-    except ServiceError as error:
+    except DeepDiveError as error:
         log_event(
             logger, "reward_failed", logging.WARNING, error=error.message, samples=len(samples)
         )
@@ -520,11 +520,11 @@ async def _evaluate_one(client: Upstream, payload: dict[str, Any], timeout_s: fl
         return decode_json_object(reply.content, "reward_server")
     except ConfigError:
         raise
-    except ServiceError as error:
+    except DeepDiveError as error:
         return _error_result(error)
 
 
-def _error_result(error: ServiceError) -> dict[str, Any]:
+def _error_result(error: DeepDiveError) -> dict[str, Any]:
     return {"reward": 0, "error": {"code": error.code, "message": error.message}}
 
 

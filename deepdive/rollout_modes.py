@@ -28,7 +28,7 @@ import importlib
 import sys
 from typing import Any
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 FULLY_ASYNC_MODULE = "slime.rollout.fully_async_rollout"
 # --data-source-path: slime's default (slime/utils/arguments.py, lines 639-643), behind our check

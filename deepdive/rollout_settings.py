@@ -26,9 +26,9 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from services.exceptions import ConfigError
-from services.logs import log_event
-from services.typed_config import positive
+from services.base.errors import ConfigError
+from services.base.logs import log_event
+from services.base.typed_config import positive
 
 logger = logging.getLogger("deepdive.rollout_settings")
 

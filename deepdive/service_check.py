@@ -34,9 +34,9 @@ import orjson
 
 from deepdive.clients import PerLoop, service_client
 from deepdive.rollout_settings import arg_name
-from services.exceptions import ConfigError, ServiceError, UpstreamAuthError, UpstreamBadResponse
+from services.base.errors import ConfigError, DeepDiveError, UpstreamAuthError, UpstreamBadResponse
+from services.base.logs import log_event
 from services.http import ErrorClassifier, Upstream, UpstreamReply
-from services.logs import log_event
 
 logger = logging.getLogger("deepdive.service_check")
 
@@ -64,7 +64,7 @@ class OurService:
     def classifier(self, url: str) -> ErrorClassifier:
         """404/405 from our routes mean the URL is wrong: a ConfigError, never retried."""
 
-        def classify(reply: UpstreamReply) -> ServiceError | None:
+        def classify(reply: UpstreamReply) -> DeepDiveError | None:
             if reply.status_code in _WRONG_ROUTE:
                 return self.wrong_url(url, f"HTTP {reply.status_code} (no such route)")
             return None
@@ -153,7 +153,7 @@ async def _probe(service: OurService, client: Upstream, url: str, timeout_s: flo
     except (UpstreamAuthError, UpstreamBadResponse) as error:  # another 4xx, or too large
         detail = error.message.removeprefix(f"{error.upstream}: ")
         return service.wrong_url(url, f"GET /health was refused ({detail}), which ours never is")
-    except ServiceError as error:  # transport, 5xx or 429 after every retry
+    except DeepDiveError as error:  # transport, 5xx or 429 after every retry
         log_event(
             logger,
             "service_unchecked",

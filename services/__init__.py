@@ -1,1 +1,2 @@
-"""The HTTP services of deepdive-slurm: the tool server and the reward server, and the pieces they share."""
+"""The HTTP services (the tool server, the reward server and the serving they share), on top
+of base/, the library every package builds on."""

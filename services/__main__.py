@@ -2,6 +2,6 @@
 
 import sys
 
-from services.cli import main
+from services.commands import main
 
 sys.exit(main())

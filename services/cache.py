@@ -20,8 +20,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from cachetools import TLRUCache
 
-from services.clock import SYSTEM_CLOCK, Now
-from services.exceptions import DeadlineExceeded, ToolError
+from services.base.clock import SYSTEM_CLOCK, Now
+from services.base.errors import DeadlineExceeded, ToolError
 from services.metrics import ServiceMetrics
 
 V = TypeVar("V")

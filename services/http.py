@@ -30,17 +30,17 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from services.clock import SYSTEM_CLOCK, Clock
-from services.exceptions import (
+from services.base.clock import SYSTEM_CLOCK, Clock
+from services.base.errors import (
     ConfigError,
-    ServiceError,
+    DeepDiveError,
     UpstreamAuthError,
     UpstreamBadResponse,
     UpstreamError,
     UpstreamRateLimited,
     UpstreamUnavailable,
 )
-from services.logs import log_event, redact, redact_third_party_loggers
+from services.base.logs import log_event, redact, redact_third_party_loggers
 from services.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge, check_header
 
 if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus
@@ -141,7 +141,7 @@ class UpstreamReply:
 # Reads a refused reply (status >= 400) before the generic rules: an UpstreamAuthError is a key
 # problem (reported once, /ready off); any other error is raised as it is, never retried (a
 # ToolError for a provider; a ConfigError where a status means the URL itself is wrong).
-ErrorClassifier = Callable[[UpstreamReply], "ServiceError | None"]
+ErrorClassifier = Callable[[UpstreamReply], "DeepDiveError | None"]
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

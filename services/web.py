@@ -21,10 +21,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.exceptions import InvalidJSON, PayloadTooLarge, RequestError
-from services.logs import log_event, redact_json
+from services.base.errors import InvalidJSON, PayloadTooLarge, RequestError
+from services.base.logs import log_event, redact_json
+from services.base.secrets import TOKEN_ENV
 from services.metrics import ServiceMetrics
-from services.secrets import TOKEN_ENV
 
 logger = logging.getLogger("deepdive.web")
 

@@ -47,11 +47,11 @@ from typing import Any
 
 import submitit
 
-from services.exceptions import ServiceError
-from services.logs import configure_logging, log_event, register_secret
-from services.process import ServiceProcess, child_preexec
-from services.secrets import TOKEN_ENV, load_env_file
-from services.waiting import wait_for
+from services.base.errors import DeepDiveError
+from services.base.logs import configure_logging, log_event, register_secret
+from services.base.process import ServiceProcess, child_preexec
+from services.base.secrets import TOKEN_ENV, load_env_file
+from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
@@ -438,7 +438,7 @@ class NodeBootstrap:
         limit = self.config.bootstrap.join_timeout_s if timeout_s is None else timeout_s
         try:
             return wait_for(probe, timeout_s=limit, what=f"waiting for {what}", check=self._check)
-        except ServiceError as error:
+        except DeepDiveError as error:
             if isinstance(error, NodeFailed):
                 raise
             raise NodeFailed(self.node.node, self.phases.current, error.message) from None

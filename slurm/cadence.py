@@ -10,7 +10,7 @@ its own children it still watches on every round, which costs no file system acc
 
 from __future__ import annotations
 
-from services.clock import SYSTEM_CLOCK, Now
+from services.base.clock import SYSTEM_CLOCK, Now
 
 START_POLL_S = 0.0  # while starting: whenever a wait's backoff says
 LONG_POLL_S = 5.0  # serving and training

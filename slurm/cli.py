@@ -9,7 +9,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from services.cli import SERVICES, Subcommand, add_subcommands, run_handler
+from services.base.cli import Subcommand, add_subcommands, run_handler
+from services.commands import SERVICES
 
 COMMANDS: list[Subcommand] = [
     Subcommand(

@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 import tomli_w
 
-from services.cli import add_overrides_argument
-from services.exceptions import ConfigError
-from services.files import atomic_write_bytes
+from services.base.cli import add_overrides_argument
+from services.base.errors import ConfigError
+from services.base.files import atomic_write_bytes
 from slurm.config import ExperimentConfig, load_experiment
 from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import RunFolder, private_folder

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepdive.local.config import LocalRunConfig, RunSection
-from services.typed_config import load_toml, require
+from services.base.typed_config import load_toml, require
 from slurm.backends.slime.config import SlimeSection
 from slurm.ports import TOOL_PORTS
 from slurm.service_options import PATHS, OptionValue, check_service_options

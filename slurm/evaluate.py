@@ -25,11 +25,11 @@ from rich.console import Console
 
 from deepdive.aborts import aborted_errors
 from deepdive.rollout_settings import RolloutSettings, rollout_args
-from services.exceptions import ConfigError, ServiceError
-from services.files import atomic_write_bytes
-from services.logs import register_secret
-from services.process import ServiceProcess
-from services.secrets import TOKEN_ENV, load_env_file
+from services.base.errors import ConfigError, RuntimeFailure
+from services.base.files import atomic_write_bytes
+from services.base.logs import register_secret
+from services.base.process import ServiceProcess
+from services.base.secrets import TOKEN_ENV, load_env_file
 from slurm.backends import Checkpoint, build_backend
 from slurm.config import ExperimentConfig
 from slurm.eval_report import episode_row, print_table, summarize
@@ -169,5 +169,5 @@ def evaluate(
     atomic_write_bytes(out / "summary.json", orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
     print_table(summaries, samples, console)
     if refused:  # after every checkpoint's results are written: nothing played is lost
-        raise ServiceError(f"{' | '.join(refused)}. {EVAL_HINTS}")
+        raise RuntimeFailure(f"{' | '.join(refused)}. {EVAL_HINTS}")
     return summaries

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 REVISION = "org.opencontainers.image.revision"
 VERSION = "org.opencontainers.image.version"

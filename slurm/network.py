@@ -17,7 +17,7 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 SIOCGIFADDR = 0x8915  # linux/sockios.h
 

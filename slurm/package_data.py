@@ -8,7 +8,7 @@ import json
 from importlib.resources import files
 from typing import Any
 
-from services.exceptions import ConfigError
+from services.base.errors import RuntimeFailure
 
 
 def read_json(package: str, name: str) -> dict[str, Any]:
@@ -18,7 +18,7 @@ def read_json(package: str, name: str) -> dict[str, Any]:
     try:
         text = resource.read_text(encoding="utf-8")
     except FileNotFoundError as error:
-        raise ConfigError(
+        raise RuntimeFailure(
             f"{name}: not in the installed {package} package ({resource}); the install lacks its "
             "data files (pyproject.toml's package-data)"
         ) from error

@@ -21,13 +21,13 @@ from typing import Any
 
 import orjson
 
-from services.exceptions import ServiceError
-from services.logs import log_event, redact
+from services.base.errors import RuntimeFailure
+from services.base.logs import log_event, redact
 
 logger = logging.getLogger("deepdive.job")
 
 
-class NodeFailed(ServiceError):
+class NodeFailed(RuntimeFailure):
     """A node could not do its part; the message names the node and the phase."""
 
     code = "node_failed"

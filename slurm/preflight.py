@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from services.exceptions import ConfigError
-from services.secrets import TOKEN_ENV, env_file_keys
+from services.base.errors import ConfigError
+from services.base.secrets import TOKEN_ENV, env_file_keys
 from slurm.backends import build_backend
 from slurm.config import ExperimentConfig
 

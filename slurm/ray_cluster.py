@@ -27,9 +27,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from services.exceptions import ServiceError
-from services.process import child_preexec, log_tail
-from services.waiting import WaitTimeout, wait_for
+from services.base.errors import RuntimeFailure
+from services.base.process import child_preexec, log_tail
+from services.base.waiting import WaitTimeout, wait_for
 from slurm.ports import NodePorts
 from slurm.ray_keeper import end_group
 
@@ -62,7 +62,7 @@ def node_resource(node: int) -> str:
     return f"deepdive_node_{node}"
 
 
-class RayStartError(ServiceError):
+class RayStartError(RuntimeFailure):
     code = "ray_start_failed"
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
-from services.process import child_preexec
+from services.base.process import child_preexec
 
 GRACE_S = 1.0  # SIGTERM to SIGKILL: Ray's processes flush their logs and exit in well under it
 COPY_BUDGET_S = 3.0  # the session logs copied within this, the rest listed as not copied

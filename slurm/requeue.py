@@ -89,7 +89,7 @@ exit 127
 
 def write_stand_in(run: RunFolder) -> Path:
     """The stand-in, written whole (a task may start while a resubmission rewrites it)."""
-    from services.files import atomic_write_bytes
+    from services.base.files import atomic_write_bytes
 
     path = stand_in_folder(run) / "scontrol"
     path.parent.mkdir(parents=True, exist_ok=True)

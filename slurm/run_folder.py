@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from services.files import atomic_write_bytes
+from services.base.files import atomic_write_bytes
 
 # written by shell scripts (slurm/requeue.py), read here
 REQUEUE_ASKED = "requeue-asked.json"

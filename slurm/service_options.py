@@ -10,7 +10,7 @@ switch, a list repeats an option that takes several), so
 runs `python -m services tools --search serper --reader jina --block-domain example.com`.
 
 The table is read by the service's own parser and turned into the service's own config
-(services.cli.check_service_arguments: ToolServerConfig, RewardServerConfig and their checks)
+(services.commands.check_service_arguments: ToolServerConfig, RewardServerConfig and their checks)
 when the experiment loads, so a typo or a bad value fails at submission, naming the key, not on
 the node after the allocation; nothing of the options is declared a second time here. What the
 launcher sets itself (the address, the port, the workers, the log level, the env file) is
@@ -25,7 +25,7 @@ import difflib
 import re
 from collections.abc import Mapping
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 OptionValue = str | int | float | bool | list[str]
 # options the launcher gives every service itself, and where they come from
@@ -70,7 +70,7 @@ def check_service_options(service: str, options: Mapping[str, OptionValue]) -> N
     """Parse `[services.SERVICE]` as the service parses its command line and build the config
     it would build: a ConfigError naming `services.SERVICE.KEY` (or the table, for a rule
     between keys) and what is wrong."""
-    from services.cli import check_service_arguments, service_parser
+    from services.commands import check_service_arguments, service_parser
 
     table = f"services.{service}"
     parser = service_parser(service)

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm import event_files
 from slurm.phases import read_phases
 from slurm.run_folder import AttemptFolder, RunFolder, read_json

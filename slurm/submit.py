@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ServiceError
 from slurm import requeue
 from slurm.config import ExperimentConfig
 from slurm.run_folder import RunFolder
+from slurm.scheduler import SchedulerError
 
 # srun's own option: when any task exits non-zero, end the others (fail fast, no stragglers)
 SRUN_ARGS = ("--kill-on-bad-exit=1",)
@@ -110,7 +110,7 @@ def sbatch_script(config: ExperimentConfig, parameters: dict[str, Any] | None = 
     return script
 
 
-class SubmissionRefused(ServiceError):
+class SubmissionRefused(SchedulerError):
     """sbatch refused the job (an unknown partition, a limit of the account, ...)."""
 
     code = "submission_refused"

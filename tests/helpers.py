@@ -174,7 +174,7 @@ def tiny_job(folder: Path, steps: int = 4, *sets: str) -> list[str]:
 
 
 class FakeClock:
-    """A `services.clock.Clock` a test moves by hand (`clock.now += 5`): waits, backoffs,
+    """A `services.base.clock.Clock` a test moves by hand (`clock.now += 5`): waits, backoffs,
     deadlines and time-to-live decisions tested without waiting. A sleep on it is recorded in
     `sleeps` and moves the time on at once (an async one also lets the other tasks run)."""
 

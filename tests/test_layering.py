@@ -9,6 +9,8 @@ undo them:
       local/    the CPU backend;  offline/  the offline world
     services/   the HTTP services: import nothing of deepdive but deepdive.protocol, and never
                 name the launcher (not even as a string to run)
+      base/     the base library under everything: imports nothing of the servers beside it,
+                of deepdive or of slurm, and names none of them in a string
 
 and only the launcher's one environment module (slurm/environment.py) reads SLURM_* variables.
 """
@@ -39,6 +41,8 @@ SLIME_SIDE = (
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string
+# a module above the base library named in a string (a module to import later)
+_ABOVE_BASE = re.compile(r"\b(deepdive|slurm)\.\w|\bservices\.(?!base\b)\w")
 
 
 def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
@@ -74,6 +78,7 @@ def layer_violations(root: Path) -> list[str]:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=relative)
         module = relative.removesuffix(".py").replace("/", ".")
         slime_side = module in {f"deepdive.{name}" for name in SLIME_SIDE}
+        base = _under(module, "services.base")
         for line, name in _imports(tree):
             where = f"{relative}:{line}"
             if (
@@ -86,9 +91,15 @@ def layer_violations(root: Path) -> list[str]:
                 found.append(f"{where}: {package} imports the launcher ({name})")
             if slime_side and (_under(name, "deepdive.local") or _under(name, "deepdive.offline")):
                 found.append(f"{where}: {module} runs inside slime but imports {name}")
+            above_base = name.startswith("services.") or _under(name, "deepdive")
+            above_base = above_base or _under(name, "slurm")
+            if base and above_base and not _under(name, "services.base"):
+                found.append(f"{where}: the base library imports {name}")
         for line, text in _strings(tree):
             if package == "services" and _LAUNCHER.search(text):
                 found.append(f"{relative}:{line}: services name the launcher ({text!r})")
+            elif base and _ABOVE_BASE.search(text):
+                found.append(f"{relative}:{line}: the base library names {text!r}")
             if "SLURM_" in text and relative != ENVIRONMENT_MODULE:
                 found.append(f"{relative}:{line}: reads {text!r}; only {ENVIRONMENT_MODULE} may")
     return found
@@ -109,6 +120,11 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "slurm/submit.py": 'import os\nos.environ["SLURM_JOB_ID"]\n',
         "services/fine.py": "from deepdive.protocol import FINISH\n",
         "slurm/environment.py": 'import os\nos.environ["SLURM_NODEID"]\n',
+        "services/base/logs.py": "from services.serving.heap import GcCollector\n",
+        "services/base/files.py": "def f():\n    from deepdive import protocol\n",
+        "services/base/cli.py": 'TOOLS = "services.tool_server.command"\n',
+        "services/base/waiting.py": "from services.base.clock import Clock\nimport services.base\n",
+        "services/base/clock.py": "from services import base\n",
     }
     for name, text in bad.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +134,9 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "deepdive/protocol.py",
         "deepdive/rollout.py",
         "deepdive/up.py",
+        "services/base/cli.py",
+        "services/base/files.py",
+        "services/base/logs.py",
         "services/late.py",
         "services/launch.py",
         "services/tool_server/leak.py",

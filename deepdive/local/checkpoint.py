@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from services.logs import log_event
+from services.base.logs import log_event
 
 logger = logging.getLogger(__name__)
 

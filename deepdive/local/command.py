@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from deepdive.local.engine import DEFAULT_MAX_BATCH
-from services.cli import add_overrides_argument
-from services.exceptions import ConfigError
+from services.base.cli import add_overrides_argument
+from services.base.errors import ConfigError
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 from deepdive.offline.world import WorldSizes
 from deepdive.rollout_settings import RolloutKnobs
-from services.typed_config import load_toml, require
+from services.base.typed_config import load_toml, require
 
 
 @dataclass(frozen=True)

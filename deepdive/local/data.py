@@ -12,7 +12,7 @@ from deepdive.local.paths import RunPaths
 from deepdive.offline.build import write_world
 from deepdive.offline.world import WorldSizes, unseen_world_seed
 from deepdive.protocol import SYSTEM_PROMPTS
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 
 def prepare_data(config: LocalRunConfig, paths: RunPaths) -> dict[str, Any]:

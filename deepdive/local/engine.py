@@ -33,8 +33,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from deepdive.local.grpo import scoring_temperature
-from services.exceptions import RequestError
-from services.logs import log_event
+from services.base.errors import RequestError
+from services.base.logs import log_event
 from services.metrics import ServiceMetrics
 from services.web import (
     MISSING,

@@ -9,7 +9,7 @@ from typing import Any
 
 from deepdive.local.checkpoint import load_latest
 from deepdive.local.config import LocalRunConfig
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 # What a resumed run may change; any other change makes it a different run. The rollout's
 # timeouts, retries and abort limit bound how services are waited for, not what is learnt.

@@ -9,7 +9,7 @@ from deepdive.local.config import LocalRunConfig
 from deepdive.local.paths import RunPaths
 from deepdive.local.warm_start import read_demonstrations, tokenizer_texts
 from deepdive.protocol import SYSTEM_PROMPTS
-from services.files import atomic_path
+from services.base.files import atomic_path
 
 
 def build_policy(config: LocalRunConfig, paths: RunPaths) -> tuple[Any, Any]:

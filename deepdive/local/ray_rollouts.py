@@ -25,7 +25,7 @@ from deepdive.local.paths import RunPaths
 from deepdive.local.rollouts import settings_for
 from deepdive.local.stack import engine_server
 from deepdive.rollout_settings import rollout_args
-from services.exceptions import ServiceError
+from services.base.errors import RuntimeFailure
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class NodeServices:
     tools_unseen: str | None = None
 
 
-class WorkerStartError(ServiceError):
+class WorkerStartError(RuntimeFailure):
     code = "rollout_worker_failed"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from services.files import atomic_path, atomic_write_bytes
+from services.base.files import atomic_path, atomic_write_bytes
 
 
 class RunLog:

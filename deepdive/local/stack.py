@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from services.process import ServiceProcess
+from services.base.process import ServiceProcess
 from services.serving.serve import bind, start_server_thread
 
 

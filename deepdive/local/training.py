@@ -23,7 +23,7 @@ from deepdive.local.rollouts import Rollouts
 from deepdive.local.run_log import RunLog, plot_rewards
 from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
-from services.files import atomic_path
+from services.base.files import atomic_path
 
 # a step with more episodes ABORTED than rollout.max_aborted_share stops the run
 LOCAL_HINTS = (

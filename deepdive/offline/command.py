@@ -9,7 +9,7 @@ from rich.console import Console
 
 from deepdive.offline.build import write_world
 from deepdive.offline.world import WorldSizes
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 
 def add_world_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Receive, Scope
 
-from services.exceptions import RequestError
-from services.logs import log_event
+from services.base.errors import RequestError
+from services.base.logs import log_event
 from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluation, Evaluator

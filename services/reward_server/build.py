@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from services.logs import log_event
+from services.base.logs import log_event
+from services.base.secrets import read_secret
 from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.judging import Judge
 from services.reward_server.openai_judge import KEY_ENVS, OpenAIJudge
 from services.reward_server.rule_judge import RuleJudge
-from services.secrets import read_secret
 
 logger = logging.getLogger("deepdive.reward_server")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from services.base.errors import ConfigError
+from services.base.typed_config import positive
 from services.cache import CacheSettings
-from services.exceptions import ConfigError
 from services.http import UpstreamSettings
 from services.reward_server import openai_judge
-from services.typed_config import positive
 
 JudgeBackend = Literal["rule", "openai"]
 JUDGE_BACKENDS: tuple[str, ...] = get_args(JudgeBackend)

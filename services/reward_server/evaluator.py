@@ -13,8 +13,8 @@ from typing import Any
 
 import anyio
 
-from services.exceptions import DeadlineExceeded, ItemFailed
-from services.logs import log_event
+from services.base.errors import DeadlineExceeded, ItemFailed
+from services.base.logs import log_event
 from services.reward_server.answers import repeats_question
 from services.reward_server.format_check import FormatVerdict, check_format
 from services.reward_server.judging import Judge, Verdict

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.exceptions import ServiceError
+from services.base.errors import DeepDiveError
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class Verdict:
     correct: bool | None
     reason: str
     extracted: str | None = None
-    error: ServiceError | None = None
+    error: DeepDiveError | None = None
 
 
 class Judge(Protocol):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepdive.protocol import format_observation
-from services.exceptions import RequestError
+from services.base.errors import RequestError
 from services.web import MISSING, json_kind
 
 _CHATML_USER = re.compile(r"<\|im_start\|>user\s*\n(.*?)(?:<\|im_end\|>|\Z)", re.DOTALL)

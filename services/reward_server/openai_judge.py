@@ -14,10 +14,10 @@ import re
 
 import orjson
 
+from services.base.errors import ToolError, UpstreamBadResponse
+from services.base.logs import register_secret
 from services.cache import AsyncCache, CacheSettings
-from services.exceptions import ToolError, UpstreamBadResponse
 from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
-from services.logs import register_secret
 from services.metrics import ServiceMetrics
 from services.reward_server.judging import Verdict
 

@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from services.clock import SYSTEM_CLOCK, Now
-from services.logs import log_event
-from services.typed_config import require
+from services.base.clock import SYSTEM_CLOCK, Now
+from services.base.logs import log_event
+from services.base.typed_config import require
 
 logger = logging.getLogger(__name__)
 

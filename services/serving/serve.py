@@ -19,10 +19,10 @@ from typing import Protocol
 import uvicorn
 from starlette.types import ASGIApp
 
-from services.exceptions import ConfigError
-from services.logs import configure_logging
+from services.base.errors import ConfigError
+from services.base.logs import configure_logging
+from services.base.secrets import TOKEN_ENV, apply_env_file, read_secret
 from services.metrics import ServiceMetrics
-from services.secrets import TOKEN_ENV, apply_env_file, read_secret
 from services.serving.connections import ConnectionGuard, ConnectionLimits, ensure_fd_limit
 from services.serving.heap import settle_heap
 from services.serving.uvicorn_internals import ServiceServer, protocol_class
@@ -114,7 +114,7 @@ def announcer(title: str, token: str | None, examples: Sequence[str]) -> Announc
 
     With several ports (one per worker process, services.serving.workers) "listening on" is followed
     by every worker's URL, separated by commas: the one token a starter reads
-    (services.process) and the value the rollout's `deepdive_tool_server_url` takes."""
+    (services.base.process) and the value the rollout's `deepdive_tool_server_url` takes."""
 
     def announce(host: str, *ports: int) -> None:
         bases = [f"http://{url_host(host)}:{port}" for port in ports]

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from services.clock import Now
-from services.typed_config import positive, require
+from services.base.clock import Now
+from services.base.typed_config import positive, require
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,14 @@ from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from services.logs import flush_logs
+from services.base.logs import flush_logs
 from services.serving.connections import ConnectionGuard, Phase
 
 UVICORN_MINOR = "0.54"
 
 
 class ServiceServer(uvicorn.Server):
-    """`uvicorn.Server` that writes batched log lines (services/logs.py, and the counts its
+    """`uvicorn.Server` that writes batched log lines (services/base/logs.py, and the counts its
     connection guard has not reported yet) before it ends."""
 
     def __init__(self, config: uvicorn.Config, guard: ConnectionGuard | None = None) -> None:

@@ -44,10 +44,10 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from services.clock import SYSTEM_CLOCK, Now
-from services.exceptions import ConfigError, ServiceError
-from services.logs import flush_logs, log_event
-from services.process import child_preexec
+from services.base.clock import SYSTEM_CLOCK, Now
+from services.base.errors import ConfigError, DeepDiveError, RuntimeFailure
+from services.base.logs import flush_logs, log_event
+from services.base.process import child_preexec
 from services.serving.serve import BACKLOG, bind, url_host
 from services.serving.supervision import Liveness, RestartBudget, SupervisionPolicy
 
@@ -84,7 +84,7 @@ class WorkerSlot:
 ServeOne = Callable[[WorkerSlot, socket.socket], None]
 
 
-class WorkerExited(ServiceError):
+class WorkerExited(RuntimeFailure):
     """A worker process ended while the server was meant to be serving."""
 
     code = "worker_exited"
@@ -493,7 +493,7 @@ def _worker_main(
     )
     try:
         serve_one(slot, sock)
-    except ServiceError as error:
+    except DeepDiveError as error:
         print(f"worker {slot.index}: error: {error.message}", file=sys.stderr, flush=True)
         sys.exit(2 if isinstance(error, ConfigError) else 1)
     except KeyboardInterrupt:

@@ -14,8 +14,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope
 
-from services.exceptions import RequestError, ToolError
-from services.logs import log_event, redact
+from services.base.errors import RequestError, ToolError
+from services.base.logs import log_event, redact
 from services.metrics import ServiceMetrics
 from services.tool_server.models import parse_tool_request
 from services.tool_server.tools import ToolExecutor

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from services.logs import log_event
+from services.base.logs import log_event
+from services.base.secrets import read_secret
 from services.metrics import ServiceMetrics
-from services.secrets import read_secret
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.corpus import CorpusIndex, load_corpus

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from starlette.types import ASGIApp
 
+from services.base.secrets import TOKEN_ENV
 from services.http import UpstreamSettings
 from services.metrics import ServiceMetrics
-from services.secrets import TOKEN_ENV
 from services.serving.serve import (
     add_server_arguments,
     announcer,

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from deepdive.protocol import PAGE_CHARS
+from services.base.errors import ConfigError
+from services.base.typed_config import positive
 from services.cache import CacheSettings
-from services.exceptions import ConfigError
 from services.http import UpstreamSettings
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.corpus import default_index_cache
 from services.tool_server.leakage import DEFAULT_NGRAM
 from services.tool_server.sessions import SessionSettings
-from services.typed_config import positive
 
 SearchBackend = Literal["offline", "serper", "serpapi"]
 ReaderBackend = Literal["offline", "jina", "direct"]

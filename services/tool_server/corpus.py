@@ -23,8 +23,8 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from services.exceptions import ConfigError
-from services.files import atomic_path
+from services.base.errors import ConfigError
+from services.base.files import atomic_path
 from services.tool_server.urls import normalize_url
 
 INDEX_FORMAT = "bm25s-en-stopwords-v1"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from services.exceptions import PageUnavailable, ToolError, URLRejected
+from services.base.errors import PageUnavailable, ToolError, URLRejected
 from services.http import Upstream, UpstreamProvider, UpstreamReply, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.tool_server.html_text import html_to_text

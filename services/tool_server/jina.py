@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.exceptions import UpstreamBadResponse
+from services.base.errors import UpstreamBadResponse
+from services.base.logs import register_secret
 from services.http import (
     Upstream,
     UpstreamProvider,
@@ -16,7 +17,6 @@ from services.http import (
     UpstreamSettings,
     decode_json_object,
 )
-from services.logs import register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import Page
 from services.tool_server.providers import ensure_readable

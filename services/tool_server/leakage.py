@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from services.text import WORD
+from services.base.text import WORD
 
 DEFAULT_NGRAM = 13
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from services.exceptions import RequestError
+from services.base.errors import RequestError
 from services.tool_server.leakage import NormalizedText, normalize
 from services.web import MISSING, json_kind
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.exceptions import PageNotFound
+from services.base.errors import PageNotFound
 from services.tool_server.corpus import CorpusIndex, Document
 from services.tool_server.models import Page, SearchResult
 from services.tool_server.urls import normalize_url

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from services.exceptions import PageUnavailable, UpstreamBadResponse
+from services.base.errors import PageUnavailable, UpstreamBadResponse
 from services.tool_server.models import Page, SearchResult
 
 

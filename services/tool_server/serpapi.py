@@ -6,7 +6,8 @@ SerpAPI reports some errors inside an HTTP 200 body ({"error": "..."}), includin
 
 from __future__ import annotations
 
-from services.exceptions import UpstreamAuthError, UpstreamBadResponse, UpstreamError
+from services.base.errors import UpstreamAuthError, UpstreamBadResponse, UpstreamError
+from services.base.logs import redact, register_secret
 from services.http import (
     Upstream,
     UpstreamProvider,
@@ -14,7 +15,6 @@ from services.http import (
     UpstreamSettings,
     decode_json_object,
 )
-from services.logs import redact, register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
 from services.tool_server.providers import results_from_items, search_locale

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.base.logs import register_secret
 from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
-from services.logs import register_secret
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
 from services.tool_server.providers import results_from_items, search_locale

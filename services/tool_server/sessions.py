@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
-from services.clock import SYSTEM_CLOCK, Now
+from services.base.clock import SYSTEM_CLOCK, Now
 from services.tool_server.models import SearchResult
 
 

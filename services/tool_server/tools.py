@@ -24,8 +24,7 @@ from deepdive.protocol import (
     split_pages,
     validate_arguments,
 )
-from services.cache import AsyncCache, CacheOutcome
-from services.exceptions import (
+from services.base.errors import (
     ContentBlocked,
     DeadlineExceeded,
     InvalidArguments,
@@ -33,6 +32,7 @@ from services.exceptions import (
     SessionLost,
     UnknownTool,
 )
+from services.cache import AsyncCache, CacheOutcome
 from services.metrics import ServiceMetrics
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.leakage import DomainBlocklist, LeakageFilter, normalize

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-from services.exceptions import URLRejected
+from services.base.errors import URLRejected
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 # light: slurm.config imports the slime backend's tables from this package (`deepdive status
 # --help` among others), so what is only needed at run time is imported there

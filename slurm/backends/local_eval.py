@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends import Checkpoint, EvalRollout
 from slurm.config import ExperimentConfig, local_run_config
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from rich.console import Console
 
-from services.cli import run_handler
-from services.waiting import wait_for
+from services.base.cli import run_handler
+from services.base.waiting import wait_for
 from slurm.config import load_experiment, local_run_config
 from slurm.phases import PhaseLog
 from slurm.ray_cluster import node_resource

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.process import child_preexec, log_tail
-from services.waiting import WaitTimeout, wait_for
+from services.base.process import child_preexec, log_tail
+from services.base.waiting import WaitTimeout, wait_for
 from slurm.backends import build_backend
 from slurm.bootstrap import node_ip
 from slurm.run_folder import read_json

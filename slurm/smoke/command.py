@@ -12,8 +12,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from services.cli import add_overrides_argument
-from services.exceptions import ConfigError
+from services.base.cli import add_overrides_argument
+from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig, load_experiment
 from slurm.smoke.context import here
 from slurm.smoke.job import SmokeFailed, SmokeJob, executor_parameters, submit, wait_for_report

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.waiting import WaitTimeout, wait_for
+from services.base.waiting import WaitTimeout, wait_for
 from slurm.config import ExperimentConfig
 from slurm.environment import NodeInfo
 from slurm.ports import NodePorts, plan_node_ports

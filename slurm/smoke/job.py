@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ServiceError
+from services.base.errors import RuntimeFailure
 from slurm.config import ExperimentConfig
 from slurm.environment import current_node
 from slurm.run_folder import RunFolder, private_folder, read_json
@@ -27,7 +27,7 @@ MARGIN_MIN = 10  # the job's time limit: every chosen step's deadline, and this
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
 
 
-class SmokeFailed(ServiceError):
+class SmokeFailed(RuntimeFailure):
     code = "smoke_failed"
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from services.process import child_preexec
+from services.base.process import child_preexec
 from slurm.run_folder import read_json, write_json
 from slurm.smoke.context import NoAnswer, SmokeContext
 from slurm.smoke.report import Check, StepResult, verdict

@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 
-from services.process import child_preexec, log_tail
-from services.waiting import WaitTimeout, wait_for
+from services.base.process import child_preexec, log_tail
+from services.base.waiting import WaitTimeout, wait_for
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
 from slurm.smoke.report import Check, failed, passed

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ServiceError
+from services.base.errors import DeepDiveError
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime
 from slurm.backends.slime.config import (
@@ -177,7 +177,7 @@ def run(context: SmokeContext) -> list[Check]:
     checks = [passed("to-megatron", f"{model} -> {reference} in {seconds:.0f} s")]
     try:  # what `deepdive submit` checks (the reference checkpoint must exist by now)
         check_slime(config)
-    except ServiceError as error:
+    except DeepDiveError as error:
         return [*checks, failed("the launcher's checks", error.message)]
     checks.append(passed("the launcher's checks", f"the recipe passes check_slime ({PRESET})"))
     checks += train(config, context.node)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 Scope = Literal["every node", "node 0"]
 

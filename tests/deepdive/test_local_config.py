@@ -13,7 +13,7 @@ import pytest
 
 from deepdive.local.config import LocalRunConfig, load_local_config
 from deepdive.local.rollouts import settings_for
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "configs" / "local.toml"

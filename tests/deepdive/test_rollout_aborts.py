@@ -37,7 +37,7 @@ from deepdive.rollout_settings import (
 )
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
-from services.logs import register_secret
+from services.base.logs import register_secret
 from tests.helpers import make_args, new_sample, serve_in_thread
 
 # the rollout's pooled clients belong to each test's event loop: closed after each test

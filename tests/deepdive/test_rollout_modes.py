@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from deepdive.rollout_modes import DATA_SOURCE_PATH, checked_data_source, fully_async
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SLIME_FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"

@@ -21,7 +21,7 @@ from deepdive.rollout_settings import (
     endpoint_base,
     settings_from_args,
 )
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 
 def make_args(**extra: Any) -> Namespace:

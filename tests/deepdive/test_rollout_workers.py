@@ -20,7 +20,7 @@ from deepdive.routing import worker_for, worker_index
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from fakes.upstream import create_app as create_upstream_app
-from services.process import ServiceProcess
+from services.base.process import ServiceProcess
 from tests.helpers import DOCUMENTS, make_args, serve_in_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("rollout_clients")]

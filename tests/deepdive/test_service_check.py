@@ -20,7 +20,7 @@ from deepdive.sample import LocalSample, SampleStatus
 from fakes.look_alike import look_alike_app
 from fakes.rollout_servers import create_app as fast_fakes
 from fakes.sglang import FakeSGLang, ScriptedTurn
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from services.serving.serve import bind, start_server_thread
 from tests.helpers import counting, make_args, new_sample, reward_app, serve_in_thread, tool_app
 

@@ -15,7 +15,7 @@ from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn, kept_ids
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from tests.helpers import (
     PROMPT,
     TOKENIZER,

@@ -2,8 +2,8 @@ import asyncio
 
 import pytest
 
+from services.base.errors import DeadlineExceeded, UpstreamUnavailable
 from services.cache import AsyncCache, CacheSettings
-from services.exceptions import DeadlineExceeded, UpstreamUnavailable
 from services.metrics import ServiceMetrics
 from tests.helpers import FakeClock
 

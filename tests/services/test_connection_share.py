@@ -18,10 +18,10 @@ import httpx
 import pytest
 from starlette.types import ASGIApp
 
+from services.base.waiting import wait_for
 from services.metrics import ServiceMetrics
 from services.serving.connections import BatchedReport, ConnectionGuard, ConnectionLimits
 from services.serving.serve import bind, start_server_thread
-from services.waiting import wait_for
 from services.web import service_app
 
 FLOODER = "127.0.0.2"

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from services.tool_server.corpus import (
     CorpusIndex,
     corpus_fingerprint,

@@ -1,4 +1,4 @@
-"""Atomic files and folders (services/files.py): whole or not at all, and never half replaced."""
+"""Atomic files and folders (services/base/files.py): whole or not at all, never half replaced."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.files import atomic_path, atomic_write_bytes, publish
+from services.base.files import atomic_path, atomic_write_bytes, publish
 
 
 def test_a_file_appears_whole_and_a_failed_write_leaves_the_old_one(tmp_path: Path) -> None:

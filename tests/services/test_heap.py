@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.process import ServiceProcess
+from services.base.process import ServiceProcess
 from services.serving.heap import SERVICE_GC_THRESHOLDS, service_gc_thresholds
 
 SETTLED = """

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from fakes.hostile_upstream import Misbehaviour, hostile_upstream
-from services.exceptions import ConfigError, UpstreamError
+from services.base.errors import ConfigError, UpstreamError
 from services.http import RetryPolicy, Upstream, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.plain_http import MAX_HEAD_BYTES, check_header

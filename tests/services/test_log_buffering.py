@@ -1,4 +1,4 @@
-"""Log lines go out in batches (services/logs.py BufferedStreamHandler): many INFO lines in one
+"""Log lines go out in batches (services/base/logs.py BufferedStreamHandler): many INFO lines in one
 write, none later than the interval, a WARNING at once, everything at shutdown."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import io
 import logging
 import threading
 
-from services.logs import BufferedStreamHandler
-from services.waiting import wait_for
+from services.base.logs import BufferedStreamHandler
+from services.base.waiting import wait_for
 from tests.helpers import FakeClock
 
 

@@ -16,7 +16,7 @@ from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
 from deepdive.protocol import FINISH, format_tool_call
-from services.exceptions import UpstreamBadResponse
+from services.base.errors import UpstreamBadResponse
 from services.http import RetryPolicy, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 import orjson
 import pytest
 
-from services.exceptions import UpstreamBadResponse, UpstreamUnavailable
+from services.base.errors import UpstreamBadResponse, UpstreamUnavailable
 from services.http import RetryPolicy, Upstream, UpstreamSettings
 from services.plain_http import PlainHttpError, _Connection
 from tests.helpers import Closing

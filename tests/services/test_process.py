@@ -1,4 +1,4 @@
-"""Services as child processes (services.process): how a local run and every node of a Slurm
+"""Services as child processes (services.base.process): how a local run and every node of a Slurm
 job start them, and what a job's signals do to them."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.process import ServiceProcess, ServiceStartError
-from services.secrets import TOKEN_ENV
-from services.waiting import WaitTimeout, wait_for
+from services.base.process import ServiceProcess, ServiceStartError
+from services.base.secrets import TOKEN_ENV
+from services.base.waiting import WaitTimeout, wait_for
 from tests.helpers import FakeClock
 
 

@@ -6,7 +6,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from services.exceptions import (
+from services.base.errors import (
     PageUnavailable,
     UpstreamAuthError,
     UpstreamBadResponse,

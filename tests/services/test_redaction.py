@@ -18,8 +18,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from deepdive.protocol import FINISH, format_tool_call
+from services.base.logs import redact, register_secret
 from services.http import RetryPolicy, UpstreamSettings
-from services.logs import redact, register_secret
 from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app
 from services.reward_server.config import RewardServerConfig

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from services.serving.connections import ConnectionLimits
 from services.serving.serve import (
     add_server_arguments,
@@ -386,7 +386,7 @@ SERVE_SCRIPT = textwrap.dedent(
     import sys
     from starlette.applications import Starlette
     from services.serving.connections import ConnectionLimits
-    from services.logs import configure_logging
+    from services.base.logs import configure_logging
     from services.serving.serve import bind, serve
 
     configure_logging("INFO")
@@ -435,7 +435,7 @@ FD_SCRIPT = textwrap.dedent(
     """
     import resource
     from services.serving.connections import FD_HEADROOM, ensure_fd_limit
-    from services.logs import configure_logging
+    from services.base.logs import configure_logging
 
     configure_logging("INFO")
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

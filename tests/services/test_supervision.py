@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from services.serving.supervision import Liveness, RestartBudget, SupervisionPolicy
 from tests.helpers import FakeClock
 

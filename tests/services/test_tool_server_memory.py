@@ -21,7 +21,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from services.process import ServiceProcess
+from services.base.process import ServiceProcess
 
 QUERIES = 1_000
 PAGES = 1_000

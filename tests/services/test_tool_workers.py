@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from services.process import ServiceProcess
+from services.base.process import ServiceProcess
+from services.base.waiting import wait_for
 from services.serving.workers import MAX_DEFAULT_WORKERS, default_workers
-from services.waiting import wait_for
 from tests.helpers import worker_pids
 
 pytestmark = pytest.mark.slow
@@ -181,7 +181,7 @@ def worker_pid(log: Path, index: int) -> int:
     """The pid of worker `index` (its port is server.urls[index]), from its start-up line.
 
     The line may reach the log after the worker answered /ready: a service's log handler
-    writes its lines in batches, up to 0.1 s late (services/logs.py BufferedStreamHandler)."""
+    writes its lines in batches, up to 0.1 s late (services/base/logs.py BufferedStreamHandler)."""
 
     def started() -> int | None:
         found = re.findall(rf"worker_started worker={index} \S+ pid=(\d+)", log.read_text())

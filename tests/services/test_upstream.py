@@ -13,8 +13,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from services.clock import SYSTEM_CLOCK, Clock
-from services.exceptions import (
+from services.base.clock import SYSTEM_CLOCK, Clock
+from services.base.errors import (
     UpstreamAuthError,
     UpstreamBadResponse,
     UpstreamRateLimited,

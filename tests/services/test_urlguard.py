@@ -2,7 +2,7 @@ import ipaddress
 
 import pytest
 
-from services.exceptions import URLRejected
+from services.base.errors import URLRejected
 from services.tool_server.urlguard import URLGuard, is_public_address, parse_ip_literal
 
 BLOCKED = [

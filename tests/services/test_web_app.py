@@ -14,7 +14,7 @@ from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.routing import Router
 from starlette.types import ASGIApp, Receive, Scope
 
-from services.exceptions import PayloadTooLarge
+from services.base.errors import PayloadTooLarge
 from services.metrics import ServiceMetrics
 from services.web import (
     BearerAuthMiddleware,

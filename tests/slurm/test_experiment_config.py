@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deepdive.rollout_settings import settings_from_args
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
 from slurm.preflight import missing_inputs, require_inputs
 from tests.helpers import DEEPDIVE
@@ -52,7 +52,7 @@ def test_both_backends_take_the_rollouts_knobs_with_one_set_of_defaults() -> Non
 def test_each_service_runs_with_the_arguments_its_table_gives(tmp_path: Path) -> None:
     """[services.tools] and [services.reward] become the services' own command lines on the
     node (the slime backend's), which their own parsers read as the table said."""
-    from services.cli import service_parser
+    from services.commands import service_parser
     from slurm.backends import build_backend
 
     text = (  # `backend` goes into the [run] table `write` opens

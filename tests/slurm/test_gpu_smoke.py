@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig
 from slurm.environment import GpuGrant, gpus_given
 from slurm.smoke.context import SmokeContext, here

@@ -15,7 +15,7 @@ import orjson
 import pytest
 import tomli_w
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends.slime.conversion import ConversionFailed, run_to_folder
 from tests.helpers import DEEPDIVE, TINY_JOB
 

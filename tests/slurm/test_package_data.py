@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import RuntimeFailure
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.package_data import read_json
 
@@ -17,6 +17,6 @@ def test_each_data_file_reads_as_its_document() -> None:
 
 def test_a_missing_data_file_is_named_not_a_bare_file_not_found() -> None:
     with pytest.raises(
-        ConfigError, match=r"absent\.json: not in the installed slurm\.backends\.slime package"
+        RuntimeFailure, match=r"absent\.json: not in the installed slurm\.backends\.slime package"
     ):
         read_json(DATA_PACKAGE, "absent.json")

@@ -101,7 +101,7 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
 def test_rays_keeper_starts_without_an_http_client() -> None:
     """The keeper (slurm.ray_keeper) is a Python process started in front of every node's
     Ray: what it imports delays the node's Ray start. It imported httpx through
-    services.process (for child_preexec), ~0.7 s of CPU per node on a loaded host."""
+    services.base.process (for child_preexec), ~0.7 s of CPU per node on a loaded host."""
     script = "import sys, slurm.ray_keeper; print(sorted(m.split('.')[0] for m in sys.modules))"
     result = subprocess.run(
         [sys.executable, "-c", script],

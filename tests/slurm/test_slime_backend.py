@@ -17,7 +17,7 @@ import tomli_w
 import yaml
 
 from deepdive.rollout_settings import settings_from_args
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError, RuntimeFailure
 from slurm.backends import build_backend
 from slurm.backends.slime.args import custom_config, presets, render, slime_arguments
 from slurm.backends.slime.backend import SlimeBackend
@@ -186,7 +186,9 @@ def test_a_cluster_note_without_a_nodes_urls_is_named(world: dict[str, Path]) ->
     note = json.loads(attempt.cluster.read_text())
     del note["nodes"][0]["reward"]
     attempt.cluster.write_text(json.dumps(note))
-    with pytest.raises(ConfigError, match=r"cluster.json: node entry 0 lacks its tools and reward"):
+    with pytest.raises(
+        RuntimeFailure, match=r"cluster.json: node entry 0 lacks its tools and reward"
+    ):
         backend.before_training(attempt)
     assert not (attempt.root / "deepdive_rollout.yaml").exists()
 

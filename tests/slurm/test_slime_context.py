@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends import Checkpoint
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.secrets import TOKEN_ENV
+from services.base.secrets import TOKEN_ENV
 from slurm.evaluate import services
 from tests.helpers import slime_recipe as recipe
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.checks import check_slime

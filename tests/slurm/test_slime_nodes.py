@@ -32,7 +32,7 @@ from deepdive.rollout_settings import TOKENIZER_ARG
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from fakes.upstream import create_app as create_upstream_app
-from services.process import ServiceProcess
+from services.base.process import ServiceProcess
 from slurm.backends.slime.backend import CUSTOM_CONFIG, SlimeBackend
 from slurm.backends.slime.replay import replay
 from slurm.run_folder import RunFolder

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends.slime.args import max_tokens_per_gpu, slime_arguments
 from slurm.backends.slime.checks import check_slime
 from slurm.backends.slime.replay import replay

@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 from deepdive.rollout_settings import NODES
-from services.exceptions import ConfigError
-from services.files import atomic_write_bytes
+from services.base.errors import ConfigError, RuntimeFailure
+from services.base.files import atomic_write_bytes
 from slurm.backends import EvalEngine, ServiceSpec
 from slurm.backends.slime.args import (
     custom_config,
@@ -162,18 +162,18 @@ def cluster_services(cluster: Path) -> dict[str, str]:
     """Every node's service URLs from an attempt's cluster.json (slurm.bootstrap writes it
     once every node is ready), in the rollout's spelling (deepdive.rollout_settings): each
     node's tool server workers, nodes separated by ";", and the reward servers in that order
-    of nodes."""
+    of nodes. The note is the job's own: a broken one is a RuntimeFailure, not the user's."""
     note = read_json(cluster)
     nodes = note.get("nodes") if isinstance(note, dict) else None
     if not isinstance(nodes, list) or not nodes:
-        raise ConfigError(f"{cluster}: expected the job's nodes (a cluster note), got {note!r}")
+        raise RuntimeFailure(f"{cluster}: expected the job's nodes (a cluster note), got {note!r}")
     for position, node in enumerate(nodes):
         if not (
             isinstance(node, dict)
             and isinstance(node.get("tools"), str)
             and isinstance(node.get("reward"), str)
         ):
-            raise ConfigError(
+            raise RuntimeFailure(
                 f"{cluster}: node entry {position} lacks its tools and reward URLs: {node!r}"
             )
     return {

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.backends.slime.args import architecture, presets, slime_arguments
 from slurm.backends.slime.memory_estimate import estimate

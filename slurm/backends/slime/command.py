@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from services.cli import add_overrides_argument
-from services.exceptions import ConfigError
+from services.base.cli import add_overrides_argument
+from services.base.errors import ConfigError
 from slurm.config import load_experiment
 from slurm.preflight import require_inputs
 from slurm.run_folder import RunFolder, private_folder

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from deepdive.rollout_settings import RolloutKnobs
-from services.typed_config import require
+from services.base.typed_config import require
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_plus_plus"]
 

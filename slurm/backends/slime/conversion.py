@@ -18,7 +18,7 @@ of the same CLI and config, on one GPU node in the training image.
   loads without torch.distributed.
 
 The tool writes into a partial folder beside the target; only a conversion that exits 0 is
-renamed into place (services.files.publish), so a job that dies leaves nothing a later job
+renamed into place (services.base.files.publish), so a job that dies leaves nothing a later job
 could mistake for complete.
 """
 
@@ -35,9 +35,9 @@ from typing import Any
 
 import submitit
 
-from services.exceptions import ConfigError, ServiceError
-from services.files import partial_path, publish, remove
-from services.process import child_preexec
+from services.base.errors import ConfigError, RuntimeFailure
+from services.base.files import partial_path, publish, remove
+from services.base.process import child_preexec
 from slurm import requeue
 from slurm.backends.slime.args import architecture, slime_checkpoints
 from slurm.config import ExperimentConfig
@@ -46,7 +46,7 @@ from slurm.submit import python_command
 TRACKER = "latest_checkpointed_iteration.txt"
 
 
-class ConversionFailed(ServiceError):
+class ConversionFailed(RuntimeFailure):
     code = "conversion_failed"
 
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends import Checkpoint, EvalRollout
 from slurm.backends.slime.args import sglang_context_length
 from slurm.backends.slime.model_context import (

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 # SGLang's order of preference (python/sglang/srt/utils/hf_transformers/common.py)
 CONTEXT_LENGTH_KEYS = (

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NoReturn
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.package_data import read_json
 

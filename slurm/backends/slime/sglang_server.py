@@ -17,14 +17,14 @@ from pathlib import Path
 
 import httpx
 
-from services.exceptions import ServiceError
-from services.process import child_preexec, log_tail
-from services.waiting import WaitTimeout, wait_for
+from services.base.errors import RuntimeFailure
+from services.base.process import child_preexec, log_tail
+from services.base.waiting import WaitTimeout, wait_for
 
 READY_TIMEOUT_S = 1800.0  # a large model takes minutes to load
 
 
-class SGLangStartError(ServiceError):
+class SGLangStartError(RuntimeFailure):
     code = "sglang_start_failed"
 
 

@@ -4,7 +4,7 @@ servers.
 
 The child binds the port it is given (0: a free one) and announces "... listening on
 http://HOST:PORT" (a server of several workers: every worker's URL, separated by commas); we
-read that line, then poll every URL's /ready (services.waiting: backoff, no fixed sleeps). Its
+read that line, then poll every URL's /ready (services.base.waiting: backoff, no fixed sleeps). Its
 log goes to a file (never a pipe that could fill and stall it), and a child that dies before it
 is ready is reported with the tail of that log.
 """
@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from services.exceptions import ServiceError
-from services.secrets import TOKEN_ENV
-from services.waiting import WaitTimeout, wait_for
+from services.base.errors import RuntimeFailure
+from services.base.secrets import TOKEN_ENV
+from services.base.waiting import WaitTimeout, wait_for
 
 ANNOUNCEMENT = "listening on "
 
@@ -68,7 +68,7 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-class ServiceStartError(ServiceError):
+class ServiceStartError(RuntimeFailure):
     """A service process exited or did not become ready in time."""
 
     code = "service_start_failed"

@@ -10,8 +10,8 @@ import os
 import stat
 from pathlib import Path
 
-from services.exceptions import ConfigError
-from services.logs import register_secret
+from services.base.errors import ConfigError
+from services.base.logs import register_secret
 
 # The shared bearer token of our services (clients send it, servers require it when set).
 TOKEN_ENV = "DEEPDIVE_SERVICE_TOKEN"  # noqa: S105 (a variable name, not a secret)

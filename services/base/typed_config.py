@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
-from services.exceptions import ConfigError
+from services.base.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ Why a redacting filter: a secret can reach a log through a third-party message (
 quotes a URL with `api_key=` in it), not only through our own calls. The filter is the last line
 of defence; our own code never logs request bodies, headers or upstream URLs in the first place.
 
-The same registry cleans every JSON response (`services.web.json_response`): an upstream can
+The same registry cleans every JSON response (the servers' `json_response`): an upstream can
 echo a key back into what the model reads. A key is matched in each form it travels in (raw,
 percent-encoded, JSON-escaped), worked out once when it is registered.
 """
@@ -25,7 +25,7 @@ from urllib.parse import quote, quote_plus
 import orjson
 import yarl
 
-from services.clock import SYSTEM_CLOCK, Clock
+from services.base.clock import SYSTEM_CLOCK, Clock
 
 _MIN_SECRET_CHARS = 6
 _REDACTED = "***"

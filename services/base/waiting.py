@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from services.clock import SYSTEM_CLOCK, Clock
-from services.exceptions import ServiceError
+from services.base.clock import SYSTEM_CLOCK, Clock
+from services.base.errors import RuntimeFailure
 
 T = TypeVar("T")
 
 BACKOFF_FACTOR = 1.5  # each round waits this much longer than the one before, up to the cap
 
 
-class WaitTimeout(ServiceError):
+class WaitTimeout(RuntimeFailure):
     """The awaited thing did not happen before the deadline."""
 
     code = "wait_timeout"

@@ -1,8 +1,8 @@
-"""`python -m services SERVICE`: the services' own entry point, and the pieces every command
-table shares (the `deepdive` command adds these services under `deepdive serve`).
+"""The pieces every command table shares: a subcommand imported only when chosen, the
+`--set` option, and one clear line and an exit code for each known error.
 
-A service process is started by its own package's entry, never through the launcher above it,
-so the bottom layer never names the top one.
+The tables themselves live with their packages (services/commands.py for `python -m services`,
+slurm/cli.py for `deepdive`), so this kit names no command.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
-from services.exceptions import ConfigError, ServiceError
+from services.base.errors import ConfigError, DeepDiveError
 
 Handler = Callable[[argparse.Namespace], None]
 
@@ -33,29 +33,13 @@ class Subcommand:
     options: str = "add_arguments"
     handler: str = "run"
     # what the handler builds from the parsed options before anything starts (its config):
-    # a ConfigError for what it would refuse (`check_service_arguments`)
+    # a ConfigError for what it would refuse (services.commands.check_service_arguments)
     checks: str = "check_arguments"
 
     def load(self, parser: argparse.ArgumentParser) -> None:
         module = importlib.import_module(self.module)
         getattr(module, self.options)(parser)
         parser.set_defaults(handler=getattr(module, self.handler))
-
-
-SERVICES: list[Subcommand] = [
-    Subcommand(
-        "tools",
-        "the tool server (search / click / open)",
-        "Serve search, click and open over HTTP (POST /tool).",
-        "services.tool_server.command",
-    ),
-    Subcommand(
-        "reward",
-        "the reward server (strict binary reward)",
-        "Serve DeepDive's strict binary reward over HTTP (POST /evaluate).",
-        "services.reward_server.command",
-    ),
-]
 
 
 class LazyParser(argparse.ArgumentParser):
@@ -81,41 +65,9 @@ class LazyParser(argparse.ArgumentParser):
         return super().format_help()
 
 
-class _RefusingParser(argparse.ArgumentParser):
-    """A parser that raises what it would print and exit with."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
-
-
-def service_parser(name: str) -> argparse.ArgumentParser:
-    """The options of `python -m services NAME`, as the service reads them, for reading them
-    elsewhere (a launcher checking a service's options before it starts one): no
-    abbreviations, and an error raised (ConfigError; argparse.ArgumentError naming the option
-    when one value is wrong), never an exit."""
-    parser = _RefusingParser(prog=f"python -m services {name}", allow_abbrev=False)
-    parser.exit_on_error = False
-    _service(name).load(parser)
-    return parser
-
-
-def check_service_arguments(name: str, args: argparse.Namespace) -> None:
-    """What the service builds from `args` before it starts (its config), built and thrown
-    away: a ConfigError for what it would refuse."""
-    module = importlib.import_module(_service(name).module)
-    getattr(module, _service(name).checks)(args)
-
-
-def _service(name: str) -> Subcommand:
-    found = [subcommand for subcommand in SERVICES if subcommand.name == name]
-    if not found:
-        raise ConfigError(f"{name}: not a service (one of: {', '.join(s.name for s in SERVICES)})")
-    return found[0]
-
-
 def add_overrides_argument(parser: argparse.ArgumentParser, example: str) -> None:
     """`--set table.key=value`, repeatable: what every command that reads a TOML config takes
-    (services.typed_config.apply_override reads each)."""
+    (services.base.typed_config.apply_override reads each)."""
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -145,24 +97,17 @@ def add_subcommands(
 
 def run_handler(program: str, args: argparse.Namespace) -> int:
     """Run the parsed command; known errors become one clear line and an exit code (2: a
-    configuration error, 1: a service or upstream failure, 130: interrupted)."""
+    ConfigError, the user's input to fix; 1: any other DeepDiveError, a runtime failure such as
+    a Slurm command failing or a service that would not start; 130: interrupted)."""
     handler: Handler = args.handler
     try:
         handler(args)
     except ConfigError as error:
         print(f"{program}: error: {error.message}", file=sys.stderr)
         return 2
-    except ServiceError as error:  # a service that would not start, an upstream that failed
+    except DeepDiveError as error:  # a fact of the world: a command, a process, an upstream failed
         print(f"{program}: error: {error.message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m services", description="Run one of the HTTP services."
-    )
-    add_subcommands(parser, "service", "SERVICE", SERVICES)
-    return run_handler("services", parser.parse_args(argv))

@@ -7,7 +7,7 @@ its own), with loss mask 1 on the model's segments and `observation_weight` on o
 SFT of a pretrained model masks observations (weight 0). A policy trained from random weights
 has no pretraining, and what it lacks is in-context copying: the answer off the page. Left to
 the demonstrations alone it memorises the world's facts instead (it scores nothing on a world
-it has not seen), so two things make it read (README "Local training" has the figures):
+it has not seen), so two things make it read (docs/local.md and docs/benchmarks.md have the figures):
 
 - `copy_warm_up`: a few hundred steps of a synthetic copy task (a random token sequence, then
   the same again) grow the attention heads that copy earlier tokens (induction heads) before

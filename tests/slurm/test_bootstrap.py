@@ -5,6 +5,7 @@ output goes, the failure drill, and how many tool server workers a node runs on 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -286,13 +287,13 @@ def test_a_trainer_that_exits_while_the_node_starts_fails_it_naming_training(
 
 
 BEFORE_RAY = """
+import pickle
 import sys
 from pathlib import Path
 from slurm.bootstrap import NodeBootstrap
-from slurm.config import load_experiment
 from slurm.environment import NodeInfo
-config = load_experiment(Path(sys.argv[1]), [f'run.folder="{sys.argv[2]}"'])
-bootstrap = NodeBootstrap(config, NodeInfo("4714", 1, 2, "host", "n2", 0, 2))
+job = pickle.loads(Path(sys.argv[1]).read_bytes())  # what submitit's task does first
+bootstrap = NodeBootstrap(job.config, NodeInfo("4714", 1, 2, "host", "n2", 0, 2))
 bootstrap.backend.environment("127.0.0.1")
 bootstrap.backend.services()
 print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
@@ -302,9 +303,15 @@ print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
 def test_a_node_starts_its_ray_before_importing_the_trainers_libraries(tmp_path: Path) -> None:
     """Everything a node imports before it launches Ray delays its Ray: the local backend
     imported its data module (numpy, the search index's bm25s: a second of a loaded node's
-    start) on every node, though only node 0 prepares the data, after its Ray is launched."""
+    start) on every node, though only node 0 prepares the data, after its Ray is launched.
+    A node gets its config as submitit's pickle of the NodeJob: unpickled, the config's
+    checks (the [services.*] tables parsed by the servers' own configs, which import the
+    search index's libraries) do not run again; they ran where the job was submitted."""
+    config = load_experiment(TINY, [f'run.folder="{tmp_path / "run"}"'])
+    job = tmp_path / "job.pkl"
+    job.write_bytes(pickle.dumps(NodeJob(config)))
     result = subprocess.run(
-        [sys.executable, "-c", BEFORE_RAY, str(TINY), str(tmp_path / "run")],
+        [sys.executable, "-c", BEFORE_RAY, str(job)],
         capture_output=True,
         text=True,
         check=True,

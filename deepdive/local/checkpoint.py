@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from services.base.files import fsync
 from services.base.logs import log_event
 
 logger = logging.getLogger(__name__)
@@ -44,14 +45,6 @@ META_FILE = "meta.json"
 
 class _Unloadable(Exception):
     """Why a checkpoint folder cannot be loaded (its message goes to the log)."""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -110,7 +103,7 @@ def _discard(path: Path) -> None:
     """Delete a folder so that a kill midway never leaves a half-deleted `step-NNNNNN`."""
     if _aside_step(path) is None:
         path = _set_aside(path)
-        _fsync(path.parent)  # the rename is on disk before any file in it goes
+        fsync(path.parent)  # the rename is on disk before any file in it goes
     _remove(path)
 
 
@@ -123,8 +116,8 @@ def _write_partial(folder: Path, step: int, state: dict[str, Any]) -> Path:
     torch.save(state, partial / STATE_FILE)
     (partial / META_FILE).write_bytes(orjson.dumps({"step": step}))
     for name in (STATE_FILE, META_FILE):
-        _fsync(partial / name)
-    _fsync(partial)
+        fsync(partial / name)
+    fsync(partial)
     return partial
 
 
@@ -137,7 +130,7 @@ def _land(partial: Path, final: Path) -> None:
     if final.exists():  # the same step written again (a resumed run redoing it)
         _set_aside(final)
     partial.rename(final)
-    _fsync(final.parent)
+    fsync(final.parent)
 
 
 def _clean(folder: Path, landed: int, keep: int) -> None:

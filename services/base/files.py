@@ -21,7 +21,8 @@ def partial_path(target: Path) -> Path:
     return target.with_name(f".{target.stem}.partial-{uuid.uuid4().hex[:8]}{target.suffix}")
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """`path` (a file or a folder: a rename in it) on disk, not only in the page cache."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -33,8 +34,8 @@ def _fsync_tree(path: Path) -> None:
     if path.is_dir():
         for child in path.rglob("*"):
             if child.is_file():
-                _fsync(child)
-    _fsync(path)
+                fsync(child)
+    fsync(path)
 
 
 def publish(partial: Path, target: Path, *, replace: bool = True) -> bool:
@@ -60,7 +61,7 @@ def publish(partial: Path, target: Path, *, replace: bool = True) -> bool:
             return False
     else:
         os.replace(partial, target)
-    _fsync(target.parent)
+    fsync(target.parent)
     return True
 
 

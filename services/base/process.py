@@ -11,6 +11,7 @@ is ready is reported with the tail of that log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,6 +67,19 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def stop_process_group(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM to the group `process` leads (started with start_new_session: a server and
+    the workers it forked), SIGKILL to the group if it has not ended after `timeout_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 class ServiceStartError(RuntimeFailure):

@@ -16,11 +16,8 @@ colocated runs need) and registers with slime's router the way slime's engines d
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
-import os
-import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from services.base.process import child_preexec, log_tail
+from services.base.process import child_preexec, log_tail, stop_process_group
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
@@ -94,14 +91,7 @@ def serving(
             raise Unavailable(f"{what} was not ready after {READY_TIMEOUT_S:g} s ({log})") from None
         yield process
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process_group(process)
 
 
 def answers(url: str, path: str, method: str = "GET") -> Callable[[], bool]:

@@ -5,9 +5,6 @@ training image."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from services.base.errors import RuntimeFailure
-from services.base.process import child_preexec, log_tail
+from services.base.process import child_preexec, log_tail, stop_process_group
 from services.base.waiting import WaitTimeout, wait_for
 
 READY_TIMEOUT_S = 1800.0  # a large model takes minutes to load
@@ -86,11 +83,4 @@ def sglang_server(
     except WaitTimeout:
         raise SGLangStartError(f"SGLang was not ready after {timeout_s:g} s ({log_path})") from None
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process_group(process)

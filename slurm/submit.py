@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from slurm import requeue
 from slurm.config import ExperimentConfig
 from slurm.run_folder import RunFolder
 from slurm.scheduler import SchedulerError
+from slurm.task_command import python_command, submitit_folder
 
 # srun's own option: when any task exits non-zero, end the others (fail fast, no stragglers)
 SRUN_ARGS = ("--kill-on-bad-exit=1",)
@@ -72,28 +72,6 @@ def memory(mem_gb: float, exclusive: bool) -> str | None:
     if mem_gb:
         return f"{round(mem_gb * 1024)}MB"
     return "0" if exclusive else None
-
-
-def python_command(config: ExperimentConfig) -> str:
-    """The shell command each task starts Python with (submitit's `python` override). Inside an
-    image the tasks get the warning signal's name and the stand-in scontrol with --env, first
-    on the image's own PATH (slurm/requeue.py)."""
-    container = config.container
-    if not container.image:
-        return shlex.quote(sys.executable)
-    binds = [config.run.folder, "/dev/shm", *container.binds]  # noqa: S108 (the host's shm)
-    parts = [container.apptainer, "exec"]
-    if container.nv:
-        parts.append("--nv")
-    for bind in binds:
-        parts += ["--bind", bind]
-    parts += requeue.container_environment(RunFolder(Path(config.run.folder)))
-    parts += [*container.options, container.image, container.python]
-    return shlex.join(parts)
-
-
-def submitit_folder(config: ExperimentConfig) -> Path:
-    return RunFolder(Path(config.run.folder)).submitit / "%j"
 
 
 def sbatch_script(config: ExperimentConfig, parameters: dict[str, Any] | None = None) -> str:

@@ -21,7 +21,7 @@ from slurm.smoke.report import verdict
 from slurm.smoke.runner import run_node
 from slurm.smoke.steps import Step, select
 from slurm.submit import executor_parameters as training_parameters
-from slurm.submit import python_command, submitit_folder
+from slurm.task_command import python_command, submitit_folder
 
 MARGIN_MIN = 10  # the job's time limit: every chosen step's deadline, and this
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}

@@ -24,7 +24,8 @@ from slurm.environment import NodeInfo
 from slurm.phases import PhaseLog
 from slurm.run_folder import RunFolder
 from slurm.status import run_status
-from slurm.submit import executor_parameters, python_command, sbatch_script
+from slurm.submit import executor_parameters, sbatch_script
+from slurm.task_command import python_command
 from tests.helpers import DEEPDIVE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -41,7 +41,7 @@ from services.base.process import child_preexec
 from slurm import requeue
 from slurm.backends.slime.args import architecture, slime_checkpoints
 from slurm.config import ExperimentConfig
-from slurm.submit import python_command
+from slurm.task_command import python_command
 
 TRACKER = "latest_checkpointed_iteration.txt"
 

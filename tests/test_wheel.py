@@ -82,10 +82,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Path(purelib, "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     install = run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-         "--no-index", str(wheel)],
+         "--no-index", "--ignore-installed", str(wheel)],
         base, env,
     )  # fmt: skip
     assert install.returncode == 0, install.stdout + install.stderr
+    # where the project is installed already (the image: /opt/venv, a dependency folder here),
+    # pip would call the wheel "already satisfied" and install nothing without --ignore-installed
+    assert (venv / "bin" / "deepdive").is_file(), install.stdout
     return venv / "bin"
 
 

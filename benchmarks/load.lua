@@ -3,7 +3,7 @@
 --   tool-miss     POST /tool, a new query every call (each one goes to the upstream)
 --   tool-mixed    POST /tool, searches and clicks: every search is followed by a click on its
 --                 first result in the same session (queued when the search's answer arrives);
---                 half the searches repeat one of 16 queries (the cache), half are new
+--                 half the searches repeat one of 64 queries (the cache), half are new
 --   reward-same   POST /evaluate, one answer again and again (a cached verdict)
 --   reward-unique POST /evaluate, a new answer every call (each one goes to the judge)
 -- The nonce makes this run's queries and answers differ from every earlier run's; the think
@@ -25,7 +25,8 @@ function init(args)
   error_bodies = 0
   searches = 0
   clicks = {}      -- sessions whose search has answered, waiting for their click
-  pending = {}     -- query -> sessions whose search for it is in flight
+  searching = {}   -- query -> the one session of this thread whose search for it is in flight
+  repeats = 0      -- the last repeated query handed out
 end
 
 function delay()
@@ -36,6 +37,23 @@ local function unique()
   return nonce .. " " .. id .. " " .. counter
 end
 
+-- A reply names only its query, so it tells whose search answered only while one session of
+-- the thread at a time searches that query: a repeated query goes to a new search only when no
+-- other search of this thread for it is in flight (the next free one of REPEATED in turn; all
+-- busy: a new query). Queueing the click of the first of several sessions searching one query
+-- when any reply for it came sent clicks ahead of their own search's answer (a search still
+-- waiting on the server, or joined to another's upstream call): `invalid_link_id`.
+local REPEATED = 64
+
+local function next_repeated()
+  for _ = 1, REPEATED do
+    repeats = repeats % REPEATED + 1
+    local query = "repeated query " .. repeats
+    if not searching[query] then return query end
+  end
+  return nil
+end
+
 local function mixed()
   local session = table.remove(clicks, 1)
   if session then
@@ -44,9 +62,8 @@ local function mixed()
   searches = searches + 1
   session = "m" .. unique()
   local query = "query " .. unique()
-  if searches % 2 == 0 then query = "repeated query " .. (searches % 16) end
-  pending[query] = pending[query] or {}
-  table.insert(pending[query], session)
+  if searches % 2 == 0 then query = next_repeated() or query end
+  searching[query] = session
   return '{"session_id":"' .. session .. '","name":"search","arguments":{"query":"' ..
     query .. '"}}'
 end
@@ -78,11 +95,14 @@ function response(status, headers, body)
     error_bodies = error_bodies + 1
   end
   if kind == "tool-mixed" then
-    -- a search's answer names its query (the fake titles results "QUERY result N"): one of
-    -- the sessions that searched for it has its results now, so its click may go.
+    -- a search's answer names its query (the fake titles results "QUERY result N"), so the
+    -- session searching it has its results now and its click may go.
     local query = string.match(body, '"output":"' .. "\227\128\1441\227\128\145" .. '(.-) result 1')
-    local waiting = query and pending[query]
-    if waiting and #waiting > 0 then table.insert(clicks, table.remove(waiting, 1)) end
+    local session = query and searching[query]
+    if session then
+      searching[query] = nil
+      table.insert(clicks, session)
+    end
   end
 end
 

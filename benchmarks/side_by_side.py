@@ -3,7 +3,7 @@ turn, pair by pair, in one run (benchmarks/baseline.py makes the second worktree
 plain `make bench`: `python -m benchmarks --only side_by_side [--baseline REF] [--parts ...]`.
 
 Tool server (alone on core 0; fake Serper with 50 ms latency, wrk and the probe on core 1):
-  mixed   half the searches repeat one of 16 queries, every search is followed by a click
+  mixed   half the searches repeat one of 64 queries, every search is followed by a click
   miss    a new query every call (every call reaches the upstream)
 at 64 and 256 sessions: server CPU per call, calls/s, added p50/p99 (over the upstream's latency).
 Then (part `accept`) at 1,024 sessions of the mixed load, new sessions arrive in waves

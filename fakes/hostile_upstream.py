@@ -12,6 +12,8 @@ Each request is answered by `answer(path, body)`, the reply it deserves, wrapped
 - `interim_100` / `interim_103`: `100 Continue` or `103 Early Hints` before the real reply;
 - `endless_line`: a head whose one header line never ends; `endless_fields`: header fields
   without end. Bytes written are counted, so a test can see how much a client read.
+- `trickle`: the reply's head at once, then its body one byte every TRICKLE_EVERY_S (padded
+  to TRICKLE_BYTES): never silent for long, so only a bound on the whole exchange cuts it.
 
 The server runs its own event loop in a thread, so sync and async tests use it alike.
 """
@@ -32,7 +34,10 @@ Misbehaviour = Literal[
     "interim_103",
     "endless_line",
     "endless_fields",
+    "trickle",
 ]
+TRICKLE_EVERY_S = 0.1
+TRICKLE_BYTES = 300  # 30 s of trickling
 Answer = Callable[[str, bytes], bytes]
 
 
@@ -117,6 +122,9 @@ class HostileUpstream:
         if behaviour in ("endless_line", "endless_fields"):
             await self._endless(writer, behaviour == "endless_line")
             return
+        if behaviour == "trickle":
+            await self._trickle(writer, reply)
+            return
         if behaviour == "interim_100":
             reply = b"HTTP/1.1 100 Continue\r\n\r\n" + reply
         elif behaviour == "interim_103":
@@ -132,6 +140,16 @@ class HostileUpstream:
             with self._late:
                 self.late_writes += 1
                 self._late.notify_all()
+
+    async def _trickle(self, writer: asyncio.StreamWriter, reply: bytes) -> None:
+        head, _, body = reply.partition(b"\r\n\r\n")
+        body = body.ljust(TRICKLE_BYTES)  # JSON with trailing spaces is still JSON
+        head = head.replace(b"Content-Length: ", b"X-Original-Length: ")
+        writer.write(head + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        for byte in range(len(body)):
+            writer.write(body[byte : byte + 1])
+            await writer.drain()
+            await asyncio.sleep(TRICKLE_EVERY_S)
 
     async def _endless(self, writer: asyncio.StreamWriter, one_line: bool) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nX-Endless: ")

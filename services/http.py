@@ -202,6 +202,14 @@ class Upstream:
             connect=min(settings.read_timeout_s, settings.connect_timeout_s),
             sock_read=settings.read_timeout_s,
         )
+        # With a deadline further than the read timeout (a tool call's first attempt: 60 s
+        # against Serper's 30) the attempt's timeout is the same every time: built once too.
+        self._whole_timeout = aiohttp.ClientTimeout(
+            total=settings.read_timeout_s,
+            connect=min(settings.read_timeout_s, settings.connect_timeout_s),
+        )
+        # the calls counter's child, looked up once: labels() takes ~1.7 µs per call
+        self._calls = metrics.upstream_calls.labels(name) if metrics is not None else None
         self._session: aiohttp.ClientSession | None = None
         self._plain: PlainHttpPool | None = None
         if settings.plain_http and self._base.startswith("http://"):
@@ -373,6 +381,8 @@ class Upstream:
             return self._timeout
         # The attempt ends by the deadline: one total timer, which also bounds every read.
         read = self._read_budget(deadline)
+        if read == self.settings.read_timeout_s:
+            return self._whole_timeout
         return aiohttp.ClientTimeout(total=read, connect=min(read, self.settings.connect_timeout_s))
 
     async def _attempt(
@@ -431,8 +441,8 @@ class Upstream:
         return UpstreamAuthError(self.name, message)
 
     def _count_call(self) -> None:
-        if self.metrics is not None:
-            self.metrics.upstream_calls.labels(self.name).inc()
+        if self._calls is not None:
+            self._calls.inc()
 
     def _count_error(self, kind: str) -> None:
         if self.metrics is not None:

@@ -131,6 +131,25 @@ async def test_a_head_without_end_is_refused_not_read_until_the_deadline(
     assert written < 1024 * MAX_HEAD_BYTES, written
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", CLIENTS)
+async def test_a_trickled_reply_is_cut_at_the_read_timeout_when_the_deadline_is_further(
+    kind: str,
+) -> None:
+    """A tool call's deadline (60 s) is further than the read timeout (here 1 s): the attempt
+    is still bounded as a whole by the read timeout, not per read (a byte every 0.1 s would
+    never trip a per-read timer). The failure mode is the trickle's 30 s; the bound a third."""
+    with hostile_upstream(echo, "trickle") as upstream:
+        up = client(upstream.url, CLIENTS[kind], read_timeout_s=1.0)
+        try:
+            started = time.monotonic()
+            with pytest.raises(UpstreamError, match="timed out"):
+                await up.send("POST", "/search", json={"owner": "a"}, deadline=started + 60)
+            assert time.monotonic() - started < 10
+        finally:
+            await up.aclose()
+
+
 def test_a_header_that_would_split_the_request_is_refused_naming_it_not_its_value() -> None:
     for value in ("a\r\nX-Evil: 1", "a\nb", "a\rb", "a\x00b"):
         with pytest.raises(ValueError, match="'X-Key' has a CR, LF or NUL") as refused:

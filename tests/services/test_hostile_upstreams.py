@@ -131,6 +131,7 @@ async def test_a_head_without_end_is_refused_not_read_until_the_deadline(
     assert written < 1024 * MAX_HEAD_BYTES, written
 
 
+@pytest.mark.slow  # an end-to-end wall-clock bound (docs/testing.md, "The `slow` marker")
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", CLIENTS)
 async def test_a_trickled_reply_is_cut_at_the_read_timeout_when_the_deadline_is_further(

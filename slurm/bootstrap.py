@@ -49,7 +49,7 @@ import submitit
 
 from services.base.errors import DeepDiveError
 from services.base.logs import configure_logging, log_event, register_secret
-from services.base.process import ServiceProcess, child_preexec
+from services.base.process import ServiceProcess, child_preexec, terminate
 from services.base.secrets import TOKEN_ENV, load_env_file
 from services.base.waiting import wait_for
 from slurm import requeue
@@ -550,12 +550,7 @@ class NodeBootstrap:
         trainer = self.trainer
         if trainer is None or trainer.poll() is not None:
             return
-        trainer.terminate()
-        try:
-            trainer.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            trainer.kill()
-            trainer.wait()
+        terminate(trainer, timeout)
 
 
 def reachable(url: str, address: str) -> str:

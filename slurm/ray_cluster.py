@@ -16,19 +16,17 @@ driver's console, on node 0 the trainer's, so node-0.log shows it while the job 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from services.base.errors import RuntimeFailure
-from services.base.process import child_preexec, log_tail
+from services.base.process import child_preexec, log_tail, terminate
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.ports import NodePorts
 from slurm.ray_keeper import end_group
@@ -239,13 +237,7 @@ class RayNode:
         process, self.process = self.process, None
         if process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, timeout_s)
         end_group(process.pid, 0)  # anything left of the keeper's group, at once
 
 

@@ -69,6 +69,18 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+def terminate(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM to `process`, SIGKILL if it has not ended after `timeout_s`; returns once it
+    has ended (one that ended already is left as it is)."""
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def stop_process_group(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     """SIGTERM to the group `process` leads (started with start_new_session: a server and
     the workers it forked), SIGKILL to the group if it has not ended after `timeout_s`."""
@@ -200,12 +212,7 @@ class ServiceProcess:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, timeout_s)
 
     def __enter__(self) -> ServiceProcess:
         self.start()

@@ -17,7 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -92,6 +93,41 @@ def stop_process_group(process: subprocess.Popen[bytes], timeout_s: float = 30.0
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+@contextmanager
+def serving_group(
+    command: Sequence[str],
+    log: Path,
+    ready: Callable[[], bool],
+    what: str,
+    timeout_s: float,
+    failure: type[Exception],
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server that is not ours (SGLang, its router) as a child in its own process group
+    (it forks workers), until `ready()`; `failure(message)` when it exits first or is not
+    ready after `timeout_s`; the group stopped when the block ends."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(  # noqa: S603 (the caller's fixed arguments)
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=child_preexec,
+        )  # fmt: skip
+
+    def alive() -> None:
+        if process.poll() is not None:
+            raise failure(
+                f"{what} exited with status {process.returncode}; its log ({log}) ends with:\n"
+                f"{log_tail(log)}"
+            )
+
+    try:
+        try:
+            wait_for(ready, timeout_s=timeout_s, what=what, check=alive, max_delay_s=2.0)
+        except WaitTimeout:
+            raise failure(f"{what} was not ready after {timeout_s:g} s ({log})") from None
+        yield process
+    finally:
+        stop_process_group(process)
 
 
 class ServiceStartError(RuntimeFailure):

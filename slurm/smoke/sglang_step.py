@@ -19,15 +19,14 @@ from __future__ import annotations
 import importlib
 import json
 import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from services.base.process import child_preexec, log_tail, stop_process_group
-from services.base.waiting import WaitTimeout, wait_for
+from services.base.process import serving_group
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
 from slurm.smoke.report import Check, failed, passed
@@ -65,33 +64,12 @@ def router_command(python: str, port: int, metrics_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-@contextmanager
 def serving(
     command: list[str], log: Path, ready: Callable[[], bool], what: str
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """A server as a child in its own process group until `ready()`; stopped (the group) when
     the block ends."""
-    with log.open("wb") as out:
-        process = subprocess.Popen(  # noqa: S603 (fixed arguments)
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=child_preexec,
-        )  # fmt: skip
-
-    def alive() -> None:
-        if process.poll() is not None:
-            raise Unavailable(
-                f"{what} exited with status {process.returncode}; its log ({log}) ends with:\n"
-                f"{log_tail(log)}"
-            )
-
-    try:
-        try:
-            wait_for(ready, timeout_s=READY_TIMEOUT_S, what=what, check=alive, max_delay_s=2.0)
-        except WaitTimeout:
-            raise Unavailable(f"{what} was not ready after {READY_TIMEOUT_S:g} s ({log})") from None
-        yield process
-    finally:
-        stop_process_group(process)
+    return serving_group(command, log, ready, what, READY_TIMEOUT_S, Unavailable)
 
 
 def answers(url: str, path: str, method: str = "GET") -> Callable[[], bool]:

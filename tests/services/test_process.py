@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from services.base.process import ServiceProcess, ServiceStartError
+from services.base.process import ServiceProcess, ServiceStartError, serving_group
 from services.base.secrets import TOKEN_ENV
 from services.base.waiting import WaitTimeout, wait_for
 from tests.helpers import FakeClock
@@ -83,3 +84,49 @@ def test_waiting_gives_up_at_once_when_the_check_says_so() -> None:
     with pytest.raises(RuntimeError, match="the child died"):
         wait_for(lambda: None, timeout_s=5, what="x", check=fail, clock=clock)
     assert clock.sleeps == []
+
+
+class NotServing(Exception):
+    pass
+
+
+def test_a_server_that_is_not_ours_is_served_as_a_group_and_its_failures_are_named(
+    tmp_path: Path,
+) -> None:
+    """serving_group (SGLang for eval, SGLang and its router in the smoke kit): ready when the
+    caller's probe says so, the whole process group stopped after; a server that exits first
+    or never gets ready raises the caller's error with what it printed."""
+    log = tmp_path / "server.log"
+    # a server that forks a worker, as SGLang does: the group goes, the worker with it
+    forking = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(300)']); print('up', flush=True); time.sleep(300)"
+    )
+    with serving_group(
+        [sys.executable, "-c", forking], log, lambda: "up" in log.read_text(), "fake", 60,
+        NotServing,
+    ) as process:  # fmt: skip
+        group = process.pid
+    assert process.poll() is not None
+    wait_for(lambda: not group_alive(group), timeout_s=30, what="the worker stopped")
+    crashing = [sys.executable, "-c", "print('no GPU here'); raise SystemExit(3)"]
+    crashed = r"^fake exited with status 3; its log \(.*server.log\) ends with:\nno GPU here"
+    with (
+        pytest.raises(NotServing, match=crashed),
+        serving_group(crashing, log, lambda: False, "fake", 60, NotServing),
+    ):
+        pass
+    sleeping = [sys.executable, "-c", "import time; time.sleep(300)"]
+    with (
+        pytest.raises(NotServing, match=r"^fake was not ready after 0.5 s"),
+        serving_group(sleeping, log, lambda: False, "fake", 0.5, NotServing),
+    ):
+        pass
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -6,7 +6,6 @@ training image."""
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,8 +14,7 @@ from pathlib import Path
 import httpx
 
 from services.base.errors import RuntimeFailure
-from services.base.process import child_preexec, log_tail, stop_process_group
-from services.base.waiting import WaitTimeout, wait_for
+from services.base.process import serving_group
 
 READY_TIMEOUT_S = 1800.0  # a large model takes minutes to load
 
@@ -57,11 +55,6 @@ def sglang_server(
     port = _free_port()
     command = server_command(model, port, context_length, tensor_parallel)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(  # noqa: S603 (SGLang's own entry, fixed arguments)
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=child_preexec,
-        )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -70,17 +63,5 @@ def sglang_server(
         except httpx.TransportError:
             return False
 
-    def alive() -> None:
-        if process.poll() is not None:
-            raise SGLangStartError(
-                f"SGLang exited with status {process.returncode}; its log ({log_path}) ends "
-                f"with:\n{log_tail(log_path)}"
-            )
-
-    try:
-        wait_for(ready, timeout_s=timeout_s, what="SGLang", check=alive, max_delay_s=2.0)
+    with serving_group(command, log_path, ready, "SGLang", timeout_s, SGLangStartError):
         yield url
-    except WaitTimeout:
-        raise SGLangStartError(f"SGLang was not ready after {timeout_s:g} s ({log_path})") from None
-    finally:
-        stop_process_group(process)

@@ -74,6 +74,7 @@ up() {
     wait_for "munged to start" alive "$M/run/munged.pid" munged
   fi
   local host; host=$(hostname -s)
+  local policy; policy=$(<"$(dirname "${BASH_SOURCE[0]}")/slurm-policy.conf")  # fails loudly
   local conf; conf=$(mktemp)
   cat > "$conf" <<CONF
 # written by scripts/local-slurm.sh: one host, $NODES emulated node(s), no cgroups, no accounting
@@ -91,25 +92,7 @@ SlurmctldPidFile=$S/run/slurmctld.pid
 SlurmdPidFile=$S/run/slurmd-%n.pid
 SlurmctldLogFile=$S/log/slurmctld.log
 SlurmdLogFile=$S/log/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1000
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=1,sched_min_interval=100000
-MpiDefault=none
-ReturnToService=2
-SlurmctldTimeout=30
-SlurmdTimeout=60
-InactiveLimit=0
-MinJobAge=600
-KillWait=5
-Waittime=0
-JobRequeue=1
+$policy
 NodeName=n[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$((SLURMD_PORT0 + 1))-$((SLURMD_PORT0 + NODES))] CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF

@@ -72,6 +72,7 @@ images() {  # sets CPU_IMAGE, SIF_DIR, SIF_NAME, NODE_IMAGE, CTL_IMAGE
 }
 
 slurm_conf() {
+  local policy; policy=$(<"$ROOT/scripts/slurm-policy.conf")  # fails loudly
   cat <<CONF
 # written by scripts/two-hosts.sh: ctl runs slurmctld, n1 and n2 slurmd, each in its own container
 ClusterName=deepdive-two-hosts
@@ -89,25 +90,7 @@ SlurmctldPidFile=/run/slurmctld.pid
 SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core_Memory
-DefMemPerCPU=1000
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=1,sched_min_interval=100000
-MpiDefault=none
-ReturnToService=2
-SlurmctldTimeout=30
-SlurmdTimeout=60
-InactiveLimit=0
-MinJobAge=600
-KillWait=5
-Waittime=0
-JobRequeue=1
+$policy
 NodeName=n1 NodeAddr=${ADDRESS[n1]} CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB State=UNKNOWN
 NodeName=n2 NodeAddr=${ADDRESS[n2]} CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO

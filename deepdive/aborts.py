@@ -120,6 +120,11 @@ def aborted_errors(samples: list[Any]) -> Counter[str]:
     return errors
 
 
+def most_said(errors: Counter[str]) -> str:
+    """The three errors most aborted episodes ended on, most often first, with their counts."""
+    return "; ".join(f"[{count}x] {error}" for error, count in errors.most_common(3))
+
+
 # what to check when SGLang fails a rollout's episodes inside slime, and the setting
 SLIME_HINTS = (
     "Check SGLang's log; a context too long for the model (slime.rollout.max_context_len "
@@ -157,7 +162,7 @@ def check_aborted_share(
     )
     if share > limit:
         what = f"eval {eval_set} at rollout {rollout_id}" if eval_set else f"rollout {rollout_id}"
-        said = "; ".join(f"[{count}x] {error}" for error, count in errors.most_common(3))
+        said = most_said(errors)
         raise RolloutAborted(
             f"{what}: {aborted} of {len(samples)} episodes ABORTED ({share:.0%}), more than "
             f"{arg_name('max_aborted_share')} = {limit:g} allows; SGLang failed them, not the "

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from deepdive.aborts import aborted_errors
+from deepdive.aborts import aborted_errors, most_said
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from services.base.errors import ConfigError, RuntimeFailure
 from services.base.files import atomic_write_bytes
@@ -50,7 +50,7 @@ def too_many_aborted(checkpoint: str, played: list[Any], limit: float) -> str | 
     aborted = sum(errors.values())
     if not played or aborted / len(played) <= limit:
         return None
-    said = "; ".join(f"[{count}x] {error}" for error, count in errors.most_common(3))
+    said = most_said(errors)
     return (
         f"checkpoint {checkpoint}: {aborted} of {len(played)} episodes ABORTED, more than "
         f"max_aborted_share = {limit:g} allows. The engine said: {said}"

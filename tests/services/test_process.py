@@ -14,6 +14,7 @@ import pytest
 from services.base.process import ServiceProcess, ServiceStartError, serving_group
 from services.base.secrets import TOKEN_ENV
 from services.base.waiting import WaitTimeout, wait_for
+from slurm.ray_keeper import group_alive  # zombies do not count: a container may not reap them
 from tests.helpers import FakeClock
 
 
@@ -122,11 +123,3 @@ def test_a_server_that_is_not_ours_is_served_as_a_group_and_its_failures_are_nam
         serving_group(sleeping, log, lambda: False, "fake", 0.5, NotServing),
     ):
         pass
-
-
-def group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True

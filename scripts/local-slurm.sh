@@ -9,7 +9,9 @@
 #   scripts/local-slurm.sh down      cancel this cluster's jobs, stop its daemons
 #
 # Settings (environment): DEEPDIVE_SLURM_DIR (/tmp/deepdive-slurm), NODES (2), NODE_CPUS
-# (this host's cores, at most 2), NODE_MEM_MB (6000), CTLD_PORT (16817), SLURMD_PORT0 (16900).
+# (this host's cores, at most 2), NODE_MEM_MB (6000), CTLD_PORT (16817), SLURMD_PORT0 (16900),
+# TASK_PLUGIN (task/none: nothing binds a task; task/affinity: every task bound to the cores its
+# step was given, TaskPluginParam=Cores, as a site that binds cores does; docs/cluster.md "Your site").
 # Gotchas it handles: the munge key must be 0400 and owned by munge; daemons need an absolute
 # -f; DefMemPerCPU, or one job takes a whole node's memory; cred_expire=10 and short scheduler
 # intervals, or a requeued job waits ~2 minutes; zombies are not alive.
@@ -20,6 +22,11 @@ NODES=${NODES:-2}
 CORES=$(nproc)
 NODE_CPUS=${NODE_CPUS:-$(( CORES < 2 ? CORES : 2 ))}
 NODE_MEM_MB=${NODE_MEM_MB:-6000}
+TASK_PLUGIN=${TASK_PLUGIN:-task/none}
+case $TASK_PLUGIN in
+  task/none|task/affinity) ;;
+  *) echo "local-slurm: TASK_PLUGIN=$TASK_PLUGIN: expected task/none or task/affinity" >&2; exit 2 ;;
+esac
 CTLD_PORT=${CTLD_PORT:-16817}
 SLURMD_PORT0=${SLURMD_PORT0:-16900}
 CONF=$BASE/slurm.conf
@@ -75,9 +82,11 @@ up() {
   fi
   local host; host=$(hostname -s)
   local policy; policy=$(<"$(dirname "${BASH_SOURCE[0]}")/slurm-policy.conf")  # fails loudly
+  policy=$(sed "s|^TaskPlugin=.*|TaskPlugin=$TASK_PLUGIN|" <<<"$policy")  # the policy's default: task/none
+  [[ $TASK_PLUGIN == task/affinity ]] && policy+=$'\nTaskPluginParam=Cores'
   local conf; conf=$(mktemp)
   cat > "$conf" <<CONF
-# written by scripts/local-slurm.sh: one host, $NODES emulated node(s), no cgroups, no accounting
+# written by scripts/local-slurm.sh: one host, $NODES emulated node(s), $TASK_PLUGIN, no cgroups, no accounting
 ClusterName=deepdive-dev
 SlurmctldHost=$host
 SlurmUser=root

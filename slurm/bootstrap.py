@@ -152,6 +152,7 @@ class NodeBootstrap:
                 slurm_node=node.node_name,
                 job=node.job_id,
                 process_started=round(process_started_at(), 3),  # before Python's imports
+                **self._cpus(),
             )
             if self.run_folder.finished.exists():
                 self.phases.record("job", "finished_already")
@@ -176,6 +177,23 @@ class NodeBootstrap:
                 return 0
             self.phases.record("job", "end", exit_code=code)
             return code
+
+    def _cpus(self) -> dict[str, Any]:
+        """Ray and the tool workers are sized to the CPUs the task may run on (its affinity,
+        at most what Slurm gave it: slurm.environment.CpuGrant); where Slurm's count and the
+        affinity differ, the start record says why."""
+        grant = self.node.cpu_grant
+        if grant is None:
+            return {"cpus": self.node.cpus}
+        detail: dict[str, Any] = {
+            "cpus": self.node.cpus,
+            "cpus_slurm": grant.slurm,
+            "cpus_affinity": grant.affinity,
+        }
+        if grant.differs:
+            detail["cpus_differ"] = grant.describe()
+            logger.warning("cpus: %s", grant.describe())
+        return detail
 
     def _run_phases(self) -> int:
         node = self.node

@@ -2,7 +2,8 @@
 
 submitit's JobEnvironment parses the variables it knows (job id, node rank, node count, the
 node list); the few it does not (the requeue count, the node's Slurm name, the CPUs and GPUs
-given to the task) are read here too, so no other module ever names a SLURM_* variable.
+given to the task) are read here too, so no other module ever names a SLURM_* variable. A
+task's CPUs are also read from its affinity mask: what it may really run on.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class NodeInfo:
     hostname: str
     node_name: str  # Slurm's name for the node; emulated nodes on one host share a hostname
     restart_count: int  # 0 on the first attempt, +1 after each requeue
-    cpus: int  # CPUs Slurm gave this task
+    cpus: int  # CPUs this task's stack is sized to (Ray, the tool workers): CpuGrant.usable
+    cpu_grant: CpuGrant | None = None  # where `cpus` came from (None: made by hand, in tests)
 
     @property
     def is_head(self) -> bool:
@@ -40,11 +42,60 @@ class NodeInfo:
         return f"{self.job_id}-{self.restart_count}"
 
 
+@dataclass(frozen=True)
+class CpuGrant:
+    """The CPUs Slurm says this task has, beside the CPUs it may really run on.
+
+    Slurm 22.05 to 23.02's srun does not read SLURM_CPUS_PER_TASK from the batch job: a step
+    started without --cpus-per-task has one CPU per task, and with core binding (task/affinity,
+    task/cgroup) its task runs on one core while the variable still says what sbatch got. The
+    affinity mask is what the kernel lets the task use, so the stack is sized from it; on
+    task/none it is every CPU of the host, so Slurm's count bounds it (the others are another
+    job's)."""
+
+    slurm: int  # SLURM_CPUS_PER_TASK, else SLURM_CPUS_ON_NODE; 0 = neither says
+    affinity: int  # len(os.sched_getaffinity(0))
+
+    @property
+    def usable(self) -> int:
+        return min(self.affinity, self.slurm) if self.slurm else self.affinity
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.slurm) and self.slurm != self.affinity
+
+    def describe(self) -> str:
+        if not self.slurm:
+            return f"{self.affinity} CPU(s) in this task's affinity; Slurm names no CPU count"
+        if self.affinity < self.slurm:
+            return (
+                f"Slurm gave this task {self.slurm} CPU(s) but its affinity holds "
+                f"{self.affinity}: srun was started without --cpus-per-task (Slurm 22.05 to "
+                f"23.02 do not pass sbatch's on) under core binding; sized to {self.usable}"
+            )
+        if self.affinity > self.slurm:
+            return (
+                f"Slurm gave this task {self.slurm} CPU(s); its affinity holds {self.affinity} "
+                f"(nothing binds tasks to their CPUs: task/none); sized to {self.usable}"
+            )
+        return f"{self.slurm} CPU(s), as Slurm gave them"
+
+
+def cpus_given(environ: Mapping[str, str] | None = None) -> CpuGrant:
+    """This task's CPUs, as Slurm's variables say and as its affinity mask allows."""
+    environ = os.environ if environ is None else environ
+    slurm = _int(environ.get("SLURM_CPUS_PER_TASK"), 0) or _int(
+        environ.get("SLURM_CPUS_ON_NODE"), 0
+    )
+    return CpuGrant(slurm=slurm, affinity=len(os.sched_getaffinity(0)))
+
+
 def current_node() -> NodeInfo:
     """This task's NodeInfo; only valid inside a submitit job."""
     import submitit
 
     job = submitit.JobEnvironment()
+    grant = cpus_given()
     return NodeInfo(
         job_id=job.job_id,
         node=job.node,
@@ -52,9 +103,8 @@ def current_node() -> NodeInfo:
         hostname=job.hostname,
         node_name=os.environ.get("SLURMD_NODENAME", "") or socket.gethostname(),
         restart_count=_int(os.environ.get(RESTART_COUNT_VARIABLE), 0),
-        cpus=_int(os.environ.get("SLURM_CPUS_PER_TASK"), 0)
-        or _int(os.environ.get("SLURM_CPUS_ON_NODE"), 0)
-        or (os.cpu_count() or 1),
+        cpus=grant.usable,
+        cpu_grant=grant,
     )
 
 

@@ -24,7 +24,7 @@ from slurm import requeue
 from slurm.config import ExperimentConfig
 from slurm.run_folder import RunFolder
 from slurm.scheduler import SchedulerError
-from slurm.task_command import python_command, submitit_folder
+from slurm.task_command import python_command, srun_cpus, submitit_folder
 
 # srun's own option: when any task exits non-zero, end the others (fail fast, no stragglers)
 SRUN_ARGS = ("--kill-on-bad-exit=1",)
@@ -40,7 +40,7 @@ def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
         "ntasks_per_node": 1,
         "time": slurm.time_min,
         "signal_delay_s": slurm.signal_delay_s,
-        "srun_args": list(SRUN_ARGS),
+        "srun_args": [*SRUN_ARGS, *srun_cpus(config)],
     }
     optional = {
         "gpus_per_node": slurm.gpus_per_node,

@@ -1,6 +1,6 @@
 """How every task of a job starts: the Python it runs (submitit's `python` override: the
-submitting interpreter, or `apptainer exec ... IMAGE python3`) and the submitit folder it
-reads its pickle from. The training job, a conversion and the GPU smoke job share them; apart
+submitting interpreter, or `apptainer exec ... IMAGE python3`), the CPUs srun gives it, and
+the submitit folder it reads its pickle from. The training job, a conversion and the GPU smoke job share them; apart
 from slurm/submit.py so those jobs need nothing of the training job's submission."""
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ def python_command(config: ExperimentConfig) -> str:
     parts += requeue.container_environment(RunFolder(Path(config.run.folder)))
     parts += [*container.options, container.image, container.python]
     return shlex.join(parts)
+
+
+def srun_cpus(config: ExperimentConfig) -> list[str]:
+    """srun's --cpus-per-task, the job's own: Slurm 22.05 to 23.02's srun does not read
+    sbatch's (SLURM_CPUS_PER_TASK), so a step without it gets one CPU per task, and under core
+    binding (task/affinity, task/cgroup) the node's whole stack runs on one core. Every srun
+    version takes the option; none when the job leaves the count to the cluster."""
+    cpus = config.slurm.cpus_per_task
+    return [f"--cpus-per-task={cpus}"] if cpus else []
 
 
 def submitit_folder(config: ExperimentConfig) -> Path:

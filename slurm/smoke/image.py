@@ -3,6 +3,8 @@
 - the GPUs: torch.cuda.device_count() equals what Slurm gave the task (and
   slurm.gpus_per_node); zero is a failure, never a pass;
 - the driver: nvidia-smi answers and lists the node's GPUs;
+- the CPUs: the task's affinity holds at least the CPUs it asked for (slurm.cpus_per_task):
+  Slurm 22.05-23.02 under core binding gives a step without srun --cpus-per-task one core;
 - the import closure of slime's training path and our hooks (IMPORT_CLOSURE): each module
   imported, each named function present, versions printed;
 - the user: not root (Apptainer runs the job as the submitting user, so a check as root
@@ -20,7 +22,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm.environment import GpuGrant, gpus_given
+from slurm.environment import CpuGrant, GpuGrant, cpus_given, gpus_given
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
 from slurm.smoke.report import Check, failed, passed
@@ -91,6 +93,7 @@ def run(context: SmokeContext) -> list[Check]:
     count, build = torch_gpus()
     configured = context.config.slurm.gpus_per_node
     checks = [gpu_check(count, build, gpus_given(), configured, _driver_count()), driver_check()]
+    checks.append(cpu_check(cpus_given(), context.config.slurm.cpus_per_task))
     checks += import_checks(IMPORT_CLOSURE)
     checks.append(user_check(os.geteuid()))
     slime = context.config.slime
@@ -149,6 +152,23 @@ def gpu_check(
     if expected is None and driver_count is not None and driver_count != torch_count:
         return failed("GPUs", f"torch sees {torch_count} GPU(s), the driver {driver_count}")
     return passed("GPUs", f"torch sees {torch_count}, as given ({given}); {build}")
+
+
+def cpu_check(grant: CpuGrant, configured: int) -> Check:
+    """The CPUs the task may run on (its affinity) against what it asked for: the experiment's
+    slurm.cpus_per_task, else what Slurm says it gave."""
+    asked = configured or grant.slurm
+    if asked and grant.affinity < asked:
+        return failed(
+            "CPUs",
+            f"the task's affinity holds {grant.affinity} CPU(s), {asked} asked "
+            f"(slurm.cpus_per_task = {configured}, Slurm says {grant.slurm or 'nothing'}): "
+            "srun without --cpus-per-task under core binding (Slurm 22.05-23.02), or the "
+            "site binds fewer",
+        )
+    if not asked:
+        return passed("CPUs", f"{grant.affinity} in the task's affinity; none asked")
+    return passed("CPUs", f"{grant.affinity} in the task's affinity, {asked} asked")
 
 
 def import_checks(needed: tuple[Needed, ...]) -> list[Check]:

@@ -21,7 +21,7 @@ from slurm.backends import build_backend
 from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled, node_ip
 from slurm.cadence import LONG_POLL_S
 from slurm.config import load_experiment
-from slurm.environment import NodeInfo, current_node
+from slurm.environment import CpuGrant, NodeInfo, current_node
 from slurm.phases import NodeFailed, PhaseLog, Stopping, read_phases
 from slurm.ports import HIGH, plan_node_ports
 from slurm.run_folder import RunFolder, write_json
@@ -54,8 +54,29 @@ def task_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_a_node_knows_its_rank_attempt_and_cpus(task_environment: pytest.MonkeyPatch) -> None:
     node = current_node()
     assert (node.job_id, node.node, node.num_nodes) == ("77", 1, 2)
-    assert (node.node_name, node.restart_count, node.cpus) == ("n2", 1, 3)
+    affinity = len(os.sched_getaffinity(0))
+    assert (node.node_name, node.restart_count) == ("n2", 1)
+    assert node.cpu_grant == CpuGrant(slurm=3, affinity=affinity)
+    assert node.cpus == min(3, affinity)  # what the task may run on, at most what Slurm gave
     assert node.attempt == "77-1" and not node.is_head
+
+
+@pytest.mark.parametrize(
+    ("slurm", "affinity", "usable", "why"),
+    [
+        (64, 1, 1, "srun was started without --cpus-per-task"),  # 22.05's srun, core binding
+        (1, 2, 1, "nothing binds tasks to their CPUs: task/none"),  # the others are another job's
+        (0, 3, 3, ""),  # Slurm names no count: the affinity alone
+        (2, 2, 2, ""),
+    ],
+)
+def test_a_node_is_sized_to_its_affinity_at_most_what_slurm_gave(
+    slurm: int, affinity: int, usable: int, why: str
+) -> None:
+    grant = CpuGrant(slurm=slurm, affinity=affinity)
+    assert grant.usable == usable
+    assert grant.differs is bool(why)
+    assert why in grant.describe()
 
 
 @pytest.mark.parametrize(("restarts", "requeued"), [("1", True), ("3", False)])

@@ -85,7 +85,7 @@ def test_executor_parameters_are_a_pure_function_of_the_config(tmp_path: Path) -
         "ntasks_per_node": 1,
         "time": 30,
         "signal_delay_s": 90,
-        "srun_args": ["--kill-on-bad-exit=1"],
+        "srun_args": ["--kill-on-bad-exit=1", "--cpus-per-task=2"],
         "cpus_per_task": 2,
         "mem": "4096MB",
         "exclusive": True,

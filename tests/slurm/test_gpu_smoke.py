@@ -21,9 +21,16 @@ import pytest
 
 from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig
-from slurm.environment import GpuGrant, gpus_given
+from slurm.environment import CpuGrant, GpuGrant, gpus_given
 from slurm.smoke.context import SmokeContext, here
-from slurm.smoke.image import Needed, gpu_check, import_checks, readable_check, user_check
+from slurm.smoke.image import (
+    Needed,
+    cpu_check,
+    gpu_check,
+    import_checks,
+    readable_check,
+    user_check,
+)
 from slurm.smoke.report import Check, StepResult
 from slurm.smoke.runner import gather, run_node
 from slurm.smoke.steps import STEPS, Step, plan, select
@@ -130,6 +137,17 @@ def test_torch_must_see_exactly_the_gpus_slurm_gave() -> None:
     assert gpu_check(4, "b", grant(SLURM_GPUS_ON_NODE="4"), 4, 4).ok
     assert gpu_check(2, "b", gpus_given({}), 0, 2).ok  # outside Slurm: the driver's count
     assert not gpu_check(1, "b", gpus_given({}), 0, 2).ok
+
+
+def test_an_affinity_smaller_than_asked_fails_step_one() -> None:
+    """What srun 22.05-23.02 without --cpus-per-task gives under core binding: one core."""
+    check = cpu_check(CpuGrant(slurm=64, affinity=1), configured=64)
+    assert not check.ok
+    assert check.detail.startswith("the task's affinity holds 1 CPU(s), 64 asked")
+    assert cpu_check(CpuGrant(slurm=0, affinity=1), configured=8).ok is False  # here, no Slurm
+    assert cpu_check(CpuGrant(slurm=8, affinity=8), configured=8).ok
+    assert cpu_check(CpuGrant(slurm=2, affinity=16), configured=0).ok  # task/none: more is fine
+    assert cpu_check(CpuGrant(slurm=0, affinity=4), configured=0).detail.endswith("none asked")
 
 
 def test_root_is_refused_and_a_normal_user_passes() -> None:

@@ -41,7 +41,7 @@ from services.base.process import child_preexec
 from slurm import requeue
 from slurm.backends.slime.args import architecture, slime_checkpoints
 from slurm.config import ExperimentConfig
-from slurm.task_command import python_command
+from slurm.task_command import python_command, srun_cpus
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -209,6 +209,7 @@ def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
             parameters[name] = getattr(slurm, name)
     if slurm.cpus_per_task:
         parameters["cpus_per_task"] = slurm.cpus_per_task
+        parameters["srun_args"] = srun_cpus(config)  # srun 22.05-23.02 does not pass it on
     return parameters
 
 

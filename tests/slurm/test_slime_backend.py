@@ -242,6 +242,30 @@ def test_a_cluster_note_without_a_nodes_urls_is_named(world: dict[str, Path]) ->
             "--data-source-path my.source.Source: the launcher passes",
         ),
         (['slime.extra_args=["--lr-warmup-fraction"]'], "--lr-warmup-fraction takes a value"),
+        # our hooks and the YAML stay ours: argparse keeps the last value (2a5d2bd passed these)
+        (
+            ['slime.extra_args=["--custom-rollout-log-function-path", "my.log"]'],
+            "--custom-rollout-log-function-path: the launcher sets it (deepdive.aborts.",
+        ),
+        (
+            ['slime.extra_args=["--custom-generate-function-path=my.generate"]'],
+            "--custom-generate-function-path: the launcher sets it (deepdive.rollout.",
+        ),
+        (
+            ['slime.extra_args=["--custom-rm-path", "deepdive.rollout.reward_func"]'],
+            "--custom-rm-path: the launcher sets it",
+        ),
+        (
+            ['slime.extra_args=["--custom-config-path", "/mine.yaml"]'],
+            "and with it every node's service URLs",
+        ),
+        (
+            [
+                "slime.rollout.drop_uniform_groups=true",
+                'slime.extra_args=["--dynamic-sampling-filter-path", "my.filter"]',
+            ],
+            "--dynamic-sampling-filter-path: the launcher sets it (deepdive.filters.",
+        ),
         (
             ["slurm.nodes=4"],
             "slurm.nodes: 4 nodes, but slime uses 16 GPUs (actor 16, the rollout on the same "
@@ -334,6 +358,26 @@ def test_the_dry_run_prints_the_sbatch_script_the_slime_command_and_the_yaml(
     assert result.returncode == 0, result.stderr
     check("dry_run_slime.txt", placeholders(result.stdout, world))
     assert not (world["root"] / "run").exists()
+
+
+def test_an_extra_rollout_log_function_no_longer_passes_the_dry_run(
+    world: dict[str, Path],
+) -> None:
+    """On 2a5d2bd this dry run printed the job: slime would have run another log function than
+    deepdive.aborts', and the abort-share stop with it."""
+    extra = 'slime.extra_args=["--custom-rollout-log-function-path", "mine.log_rollout"]'
+    arguments = [item for value in [*overrides(world), extra] for item in ("--set", value)]
+    result = subprocess.run(
+        [*DEEPDIVE, "submit", str(RECIPE), "--dry-run", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=world["root"],
+    )
+    assert result.returncode == 2, result.stdout
+    assert "slime.extra_args: --custom-rollout-log-function-path: the launcher sets it" in (
+        result.stderr
+    )
 
 
 def test_the_recipe_without_its_files_fails_before_anything_is_submitted(tmp_path: Path) -> None:

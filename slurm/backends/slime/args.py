@@ -50,6 +50,9 @@ DYNAMIC_FILTERS = {
     (True, True): "drop_uniform_or_failed_groups",
 }
 PRESETS = "presets.json"  # in this package (slurm/package_data.py reads it)
+CUSTOM_CONFIG_FLAG = "--custom-config-path"  # the YAML of our rollout's keys
+HOOK_PACKAGE = "deepdive"  # a flag whose value is a path into it names one of our hooks
+EXTRA_GROUP = "EXTRA_ARGS"  # slime.extra_args, last: argparse keeps a flag's last value
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> Slime
         "--custom-rollout-log-function-path", ROLLOUT_LOG_FUNCTION_PATH,
         "--custom-eval-rollout-log-function-path", EVAL_LOG_FUNCTION_PATH,
         "--data-source-path", DATA_SOURCE_PATH,
-        "--custom-config-path", str(custom_config_path),
+        CUSTOM_CONFIG_FLAG, str(custom_config_path),
         "--prompt-data", rollout.prompt_data,
         "--input-key", rollout.input_key,
         "--label-key", rollout.label_key,
@@ -255,7 +258,7 @@ def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> Slime
     # TensorBoard events (the directory: TENSORBOARD_DIR, set by the backend) for `deepdive status`
     groups.append(("LOGGING_ARGS", ["--use-tensorboard"]))
     if slime.extra_args:
-        groups.append(("EXTRA_ARGS", list(slime.extra_args)))
+        groups.append((EXTRA_GROUP, list(slime.extra_args)))
     return SlimeCommand(groups)
 
 

@@ -14,7 +14,8 @@ config key and what was expected:
 - the preset (or the architecture arguments) matches the model's config.json: hidden size,
   layers, heads, KV heads, vocabulary, FFN size, rope theta;
 - no pair slime cannot run with our hooks: --group-rm with evaluation sets, --partial-rollout,
-  the fully-async rollout; services every node's rollout can reach when the job has more than
+  the fully-async rollout, an `extra_args` flag that would replace one of our hooks or the
+  --custom-config-path YAML; services every node's rollout can reach when the job has more than
   one node;
 - every episode fits the context SGLang serves: max_context_len and the response budget
   against config.json and --sglang-context-length (slurm/backends/slime/model_context.py), so no turn is
@@ -34,7 +35,15 @@ from typing import Any, NoReturn
 from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
 from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
-from slurm.backends.slime.args import architecture, presets, slime_arguments
+from slurm.backends.slime.args import (
+    CUSTOM_CONFIG_FLAG,
+    EXTRA_GROUP,
+    HOOK_PACKAGE,
+    SlimeCommand,
+    architecture,
+    presets,
+    slime_arguments,
+)
 from slurm.backends.slime.memory_estimate import estimate
 from slurm.backends.slime.model_context import (
     check_episode_fits,
@@ -87,6 +96,7 @@ def check_slime(config: ExperimentConfig) -> list[str]:
     _check_extra_args(slime.extra_args)
     emitted = slime_arguments(config, Path("/run/deepdive.yaml"))
     _check_rollout_function(emitted.arguments())
+    _check_hooks_kept(emitted)
     known = slime_flags()
     for flag in emitted.flags():
         if flag not in known:  # a bug of the builder: said so, with where the list comes from
@@ -255,6 +265,35 @@ def _check_rollout_function(arguments: list[str]) -> None:
             f"{DATA_SOURCE_PATH} (slime's own data source, behind the check that refuses a "
             "rollout the hook cannot run under)",
         )
+
+
+def _check_hooks_kept(emitted: SlimeCommand) -> None:
+    """No `extra_args` flag may name one of our hooks (a flag the builder gives a path to our
+    code: --custom-generate-function-path, --custom-rollout-log-function-path, ...) or the
+    --custom-config-path YAML: argparse keeps a flag's last value, and EXTRA_ARGS come last, so
+    it would silently replace the hook (a --custom-rollout-log-function-path there removes the
+    abort stop) or the YAML that carries every node's service URLs."""
+    ours: dict[str, str] = {}
+    extra: list[str] = []
+    for name, items in emitted.groups:
+        if name == EXTRA_GROUP:
+            extra = items
+            continue
+        for index, item in enumerate(items[:-1]):
+            value = items[index + 1]
+            if item == CUSTOM_CONFIG_FLAG or (
+                item.startswith("--") and value.startswith(f"{HOOK_PACKAGE}.")
+            ):
+                ours[item] = value
+    for item in extra:
+        flag = item.split("=", 1)[0]
+        if flag in ours:
+            _fail(
+                "slime.extra_args",
+                f"{flag}: the launcher sets it ({ours[flag]}); a second value would replace "
+                "it (argparse keeps the last), and with it "
+                + ("every node's service URLs" if flag == CUSTOM_CONFIG_FLAG else "our hook"),
+            )
 
 
 def _check_gpus(config: ExperimentConfig) -> None:

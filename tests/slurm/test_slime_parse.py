@@ -129,6 +129,11 @@ def meant(config: ExperimentConfig) -> dict[str, Any]:
         # slime's sglang_parse_args defaults it from --rollout-num-gpus-per-engine
         "sglang_tensor_parallel_size": slime.resources.rollout_num_gpus_per_engine,
         "router_balance_abs_threshold": slime.sglang.router_balance_abs_threshold,
+        "router_policy": slime.sglang.router_policy,
+        # passed with manual only; slime's parser keeps the router's own default otherwise
+        "router_assignment_mode": slime.sglang.router_assignment_mode
+        if slime.sglang.router_policy == "manual"
+        else "random",
         "kl_loss_coef": float(slime.algorithm.kl_loss_coef),
         "eps_clip_high": float(slime.algorithm.eps_clip_high),
         "custom_generate_function_path": "deepdive.rollout.generate_with_tool",

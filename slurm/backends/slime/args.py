@@ -97,6 +97,21 @@ def max_tokens_per_gpu(slime: SlimeSection) -> int:
     return parallel.max_tokens_per_gpu or -(-slime.rollout.max_context_len // parallel.context)
 
 
+def router_arguments(slime: SlimeSection) -> list[str]:
+    """How slime's router keeps an episode's turns on one engine (its KV prefix cache), per
+    policy, read from sglang-router 0.3.2 (docs/slime.md, "The router"): "manual" routes by our
+    X-SMG-Routing-Key header and takes its assignment mode; "cache_aware" ignores the header and
+    takes the balance threshold (0 would send every turn to the shortest queue); the others
+    take neither."""
+    sglang = slime.sglang
+    arguments = ["--router-policy", sglang.router_policy]
+    if sglang.router_policy == "manual":
+        arguments += ["--router-assignment-mode", sglang.router_assignment_mode]
+    if sglang.router_policy == "cache_aware":
+        arguments += ["--router-balance-abs-threshold", str(sglang.router_balance_abs_threshold)]
+    return arguments
+
+
 def slime_checkpoints(config: ExperimentConfig) -> Path:
     return Path(config.run.folder) / "slime_checkpoints"
 
@@ -230,7 +245,7 @@ def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> Slime
         "--sglang-mem-fraction-static", _number(sglang.mem_fraction_static),
         "--sglang-log-level", sglang.log_level,
         "--sglang-router-request-timeout-secs", str(sglang.router_request_timeout_secs),
-        "--router-balance-abs-threshold", str(sglang.router_balance_abs_threshold),
+        *router_arguments(slime),
         "--sglang-context-length", str(sglang_context_length(slime)),
     ]  # fmt: skip
     groups.append(("SGLANG_ARGS", sglang_args))

@@ -31,6 +31,9 @@ from deepdive.rollout_settings import RolloutKnobs
 from services.base.typed_config import require
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_plus_plus"]
+# sglang-router 0.3.2's --policy choices (its router_args.py): consistent_hashing exists in its
+# Rust code but not among them, so slime's parser refuses it
+RouterPolicy = Literal["manual", "cache_aware", "round_robin", "random", "power_of_two"]
 
 
 @dataclass(frozen=True)
@@ -232,7 +235,14 @@ class SlimeSGLang:
     context_length: int = 0  # --sglang-context-length; 0 = slime.rollout.max_context_len
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
     router_request_timeout_secs: int = 36_000
-    router_balance_abs_threshold: int = 0  # DeepDive's script misspells it --sglang-router-…
+    # How slime's router (sglang-router 0.3.2) picks an engine for each turn: "manual" keeps
+    # every session (our rollout's X-SMG-Routing-Key, one per episode) on the engine it was
+    # first given, the new ones on the least loaded (assignment_mode); "cache_aware" (slime's
+    # default) ignores the header and follows the longest cached prefix only while the engines'
+    # loads stay within balance_abs_threshold (docs/slime.md, "The router")
+    router_policy: RouterPolicy = "manual"
+    router_assignment_mode: Literal["random", "min_load", "min_group"] = "min_load"
+    router_balance_abs_threshold: int = 10  # slime's default; cache_aware only
 
     def __post_init__(self) -> None:
         require(
@@ -240,6 +250,12 @@ class SlimeSGLang:
             "slime.sglang.mem_fraction_static",
             "in (0, 1)",
             self.mem_fraction_static,
+        )
+        require(
+            self.router_balance_abs_threshold >= 0,
+            "slime.sglang.router_balance_abs_threshold",
+            "0 or more",
+            self.router_balance_abs_threshold,
         )
 
 

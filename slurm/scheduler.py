@@ -21,15 +21,15 @@ class SchedulerError(RuntimeFailure):
 _TIMEOUT_S = 30
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(command: list[str], timeout_s: float = _TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     if shutil.which(command[0]) is None:
         raise SchedulerError(f"{command[0]} is not on PATH: is this a Slurm login node?")
     try:
         return subprocess.run(  # noqa: S603
-            command, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
+            command, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
-        raise SchedulerError(f"{command[0]}: no answer in {_TIMEOUT_S} s") from None
+        raise SchedulerError(f"{command[0]}: no answer in {timeout_s:g} s") from None
     except OSError as error:
         raise SchedulerError(f"{command[0]}: cannot run it ({error})") from None
 
@@ -61,3 +61,16 @@ def cancel(job_id: str) -> None:
     result = _run(["scancel", job_id])
     if result.returncode != 0:
         raise SchedulerError(f"scancel {job_id}: {_said(result)}")
+
+
+def node_memory_mib(partition: str = "") -> int:
+    """The smallest RealMemory (MiB) of the partition's nodes (every node's without one): what
+    `--mem=0` gives a job on a whole node. A SchedulerError when Slurm does not say."""
+    command = ["sinfo", "-h", "-N", "-o", "%m", *(["-p", partition] if partition else [])]
+    result = _run(command, timeout_s=10)
+    if result.returncode != 0:
+        raise SchedulerError(f"{' '.join(command)}: {_said(result)}")
+    sizes = [int(line.strip().rstrip("+")) for line in result.stdout.split() if line.strip()]
+    if not sizes:
+        raise SchedulerError(f"{' '.join(command)}: no node listed")
+    return min(sizes)

@@ -1,5 +1,5 @@
-"""From an experiment to slime's command line: a pure function of the config (golden-tested,
-printed by --dry-run), grouped as slime's own launch scripts group their flags; and, apart
+"""From an experiment to slime's command line: a function of the config (golden-tested,
+printed by --dry-run; with log_probs_chunk_size = -1 it reads the model's config.json too), grouped as slime's own launch scripts group their flags; and, apart
 from it, the --custom-config-path YAML that carries our rollout's keys onto slime's `args`
 (slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`). The
 argv names only the YAML's path, so it is built without any URL; the YAML needs the cluster's
@@ -30,6 +30,7 @@ from deepdive.rollout_settings import (
     ROLLOUT_LOG_FUNCTION_PATH,
     slime_custom_config,
 )
+from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.backends.slime.config import SlimeSection
 from slurm.config import ExperimentConfig
@@ -95,6 +96,20 @@ def max_tokens_per_gpu(slime: SlimeSection) -> int:
     (slime's --max-tokens-per-gpu help: "around max_response_len // cp_size")."""
     parallel = slime.parallelism
     return parallel.max_tokens_per_gpu or -(-slime.rollout.max_context_len // parallel.context)
+
+
+def chosen_chunk_size(config: ExperimentConfig) -> int:
+    """--log-probs-chunk-size: the configured one, or the memory estimate's choice, which reads
+    the model's config.json (0, not passed, when there is none yet)."""
+    from slurm.backends.slime.memory_estimate import log_probs_chunk_size
+    from slurm.backends.slime.model_context import read_config
+
+    path = Path(config.slime.model.hf_checkpoint) / "config.json"
+    try:
+        model = read_config(path.parent) if path.is_file() else None
+    except ConfigError:
+        model = None  # the checks name an unreadable config.json
+    return log_probs_chunk_size(config, model)
 
 
 def router_arguments(slime: SlimeSection) -> list[str]:
@@ -213,6 +228,9 @@ def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> Slime
         perf += ["--recompute-num-layers", str(parallel.recompute_num_layers)]
     if parallel.use_dynamic_batch_size:
         perf += ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(max_tokens_per_gpu(slime))]
+    chunk = chosen_chunk_size(config)
+    if chunk:
+        perf += ["--log-probs-chunk-size", str(chunk)]
     groups.append(("PERF_ARGS", perf))
     grpo = ["--advantage-estimator", algorithm.advantage_estimator]
     if algorithm.use_kl_loss:

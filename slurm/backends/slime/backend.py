@@ -34,7 +34,7 @@ from slurm.backends.slime.args import (
     slime_arguments,
     slime_checkpoints,
 )
-from slurm.backends.slime.checks import check_slime, missing_inputs
+from slurm.backends.slime.checks import check_slime, host_memory_warnings, missing_inputs
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
@@ -46,6 +46,24 @@ CHECKPOINT_FIXED = ("model", "parallelism")
 TRACKER = "latest_checkpointed_iteration.txt"  # Megatron writes it when a save is complete
 
 
+def node_memory(config: ExperimentConfig) -> tuple[float, str] | None:
+    """A node's memory for the host estimate (GiB, and where the figure came from): the
+    experiment's slurm.mem_gb, else the smallest RealMemory Slurm lists for the partition's
+    nodes (what --mem=0 on a whole node gives; None when Slurm does not answer here)."""
+    from slurm.scheduler import SchedulerError, node_memory_mib
+
+    slurm = config.slurm
+    if slurm.mem_gb:
+        return slurm.mem_gb, "slurm.mem_gb"
+    try:
+        mib = node_memory_mib(slurm.partition)
+    except SchedulerError:
+        return None
+    where = f"partition {slurm.partition}" if slurm.partition else "the cluster"
+    shared = "" if slurm.exclusive else "; a shared node gives the job less"
+    return mib / 1024, f"Slurm's smallest RealMemory in {where}, {mib} MiB{shared}"
+
+
 class SlimeBackend:
     name = "slime"
     starts_early = False  # train.py reads the YAML (every node's URLs) as it starts
@@ -54,7 +72,8 @@ class SlimeBackend:
         self.config = config
 
     def check(self) -> list[str]:
-        return check_slime(self.config)
+        warnings = check_slime(self.config)
+        return warnings + host_memory_warnings(self.config, node_memory(self.config))
 
     def check_continues(self, saved: ExperimentConfig) -> None:
         """Another model or layout cannot load the run's checkpoints."""

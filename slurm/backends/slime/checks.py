@@ -21,9 +21,11 @@ config key and what was expected:
   against config.json and --sglang-context-length (slurm/backends/slime/model_context.py), so no turn is
   refused and ABORTED.
 
-One estimate warns instead of refusing: a training GPU's memory (weights, gradients, Adam's
-states, activations, logits; slurm/backends/slime/memory_estimate.py) against slime.resources.gpu_memory_gb,
-with the arithmetic. check_slime returns those warnings for the caller to print.
+Two estimates warn instead of refusing, with the arithmetic (slurm/backends/slime/memory_estimate.py):
+a training GPU's memory (weights, gradients, Adam's states, activations, logits, log-softmax)
+against slime.resources.gpu_memory_mib, and a node's host memory (CPU Adam, slime's weight
+backups) against the node's (host_memory_warnings: the node's figure is read from Slurm by the
+backend). check_slime returns the first for the caller to print.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from slurm.backends.slime.args import (
     presets,
     slime_arguments,
 )
-from slurm.backends.slime.memory_estimate import estimate
+from slurm.backends.slime.memory_estimate import estimate, host_estimate
 from slurm.backends.slime.model_context import (
     check_episode_fits,
     check_trainer_rope,
@@ -180,10 +182,36 @@ def _memory_warnings(config: ExperimentConfig, hf: dict[str, Any]) -> list[str]:
     if found is None or found.fits():
         return []
     return [
-        f"a training GPU may run out of memory: about {found.total_gb:.0f} GB needed, "
-        f"slime.resources.gpu_memory_gb = {found.gpu_gb:g}\n{found.describe()}\n"
+        f"a training GPU may run out of memory: about {found.total_gib:.0f} GiB needed, "
+        f"slime.resources.gpu_memory_mib = {config.slime.resources.gpu_memory_mib} "
+        f"({found.budget_gib:.1f} GiB)\n{found.describe()}\n"
         "  (recompute, dynamic batching with a smaller max_tokens_per_gpu, optimizer "
         'cpu_offload or more tensor parallelism lower it; docs/slime.md, "Memory estimate")'
+    ]
+
+
+def host_memory_warnings(
+    config: ExperimentConfig, node_memory: tuple[float, str] | None
+) -> list[str]:
+    """One node's host memory against the node's (GiB, and where that figure came from: the
+    experiment's slurm.mem_gb, Slurm's RealMemory of the nodes, the smoke kit's MemTotal)."""
+    model = Path(config.slime.model.hf_checkpoint) / "config.json"
+    if not model.is_file():
+        return []  # check_slime says the model was not checked
+    if node_memory is None:
+        return [
+            "a node's host memory was not checked: slurm.mem_gb = 0 and Slurm did not say "
+            "how much memory the nodes have (`deepdive smoke` step 1 checks it on a node)"
+        ]
+    node_gib, source = node_memory
+    found = host_estimate(config, _read_model_config(config), node_gib)
+    if found is None or found.fits():
+        return []
+    return [
+        f"a node may run out of host memory: about {found.total_gib:.0f} GiB needed, the node "
+        f"has {node_gib:.0f} GiB ({source})\n{found.describe()}\n"
+        "  (fewer actor GPUs per node, no KL reference, optimizer cpu_offload off, or nodes "
+        'with more memory lower it; docs/slime.md, "Memory estimate")'
     ]
 
 

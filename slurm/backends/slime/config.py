@@ -58,6 +58,10 @@ class SlimeModel:
 @dataclass(frozen=True)
 class SlimeCheckpoint:
     save_interval: int = 20  # rollouts between checkpoints (--save-interval)
+    # the newest complete checkpoints kept in RUN/slime_checkpoints: node 0 removes older ones
+    # once a newer save has landed, never the one the attempt resumed from
+    # (slurm/backends/slime/retention.py); 0 keeps every one, as slime does
+    keep_last: int = 0
 
     def __post_init__(self) -> None:
         require(
@@ -66,6 +70,8 @@ class SlimeCheckpoint:
             "at least 1",
             self.save_interval,
         )
+        require(self.keep_last >= 0, "slime.checkpoint.keep_last", "0 (keep all) or more",
+                self.keep_last)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,17 @@ class SlimeParallelism:
     # alone (slime/utils/dp_schedule.py). 0 = max_context_len / context (slime's advice).
     use_dynamic_batch_size: bool = True
     max_tokens_per_gpu: int = 0
+    # --log-probs-chunk-size: -1 = chosen by the memory estimate (passed only when the logits'
+    # temporaries would not fit otherwise), 0 = never, N = N tokens per chunk
+    log_probs_chunk_size: int = -1
 
     def __post_init__(self) -> None:
+        require(
+            self.log_probs_chunk_size >= -1,
+            "slime.parallelism.log_probs_chunk_size",
+            "-1 (the memory estimate chooses), 0 (never) or a number of tokens",
+            self.log_probs_chunk_size,
+        )
         require(
             self.max_tokens_per_gpu >= 0,
             "slime.parallelism.max_tokens_per_gpu",
@@ -110,14 +125,16 @@ class SlimeResources:
     rollout_num_gpus_per_engine: int = 1
     colocate: bool = False  # actor and rollout share the GPUs (offloading in turn)
     offload: bool = False
-    gpu_memory_gb: float = 80.0  # each GPU's memory: the memory estimate warns above it
+    # each GPU's memory as nvidia-smi's memory.total says it (MiB; `deepdive smoke` step 1 prints
+    # it): the memory estimate (GiB) warns above it. 81559: an H100 80 GB (an A100 80 GB: 81920)
+    gpu_memory_mib: int = 81559
 
     def __post_init__(self) -> None:
         require(
-            self.gpu_memory_gb > 0,
-            "slime.resources.gpu_memory_gb",
-            "a positive number of GB",
-            self.gpu_memory_gb,
+            self.gpu_memory_mib > 0,
+            "slime.resources.gpu_memory_mib",
+            "a positive number of MiB (nvidia-smi's memory.total)",
+            self.gpu_memory_mib,
         )
         for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
             value = getattr(self, name)

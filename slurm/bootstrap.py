@@ -391,11 +391,18 @@ class NodeBootstrap:
     def _wait_for_trainer(self) -> int:
         trainer = self.trainer
         assert trainer is not None
+        housekeeping = Cadence(LONG_POLL_S, self.clock)
+
+        def check() -> None:
+            self._check()
+            if housekeeping.due():
+                self.backend.while_training()  # slime: checkpoint retention
+
         wait_for(
             lambda: trainer.poll() is not None,
             timeout_s=FOREVER,
             what="the trainer",
-            check=self._check,
+            check=check,
         )
         if self.terminating:  # it got Slurm's SIGTERM with everything else
             raise Stopping("Slurm is ending the job (SIGTERM)")

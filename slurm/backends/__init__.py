@@ -138,6 +138,11 @@ class Backend(Protocol):
         """The training command line node 0 runs (a pure function of the config)."""
         ...
 
+    def while_training(self) -> None:
+        """Node 0, every few seconds while the trainer runs: the backend's housekeeping
+        (slime: checkpoint retention); it must return at once."""
+        ...
+
     def working_directory(self) -> str | None: ...
 
     def resume_point(self) -> str | None:

@@ -91,6 +91,9 @@ class LocalBackend:
     def before_training(self, attempt: AttemptFolder) -> None:
         return None  # the trainer reads cluster.json
 
+    def while_training(self) -> None:
+        return None  # the trainer keeps its own checkpoints ([local.checkpoint] keep)
+
     def working_directory(self) -> str | None:
         return None
 

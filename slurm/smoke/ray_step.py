@@ -68,6 +68,9 @@ class ProbeBackend:
     def command(self, attempt: AttemptFolder) -> list[str]:
         return list(self.probe)
 
+    def while_training(self) -> None:
+        return None  # the probe keeps no checkpoint
+
     def working_directory(self) -> str | None:
         return None
 

@@ -35,6 +35,7 @@ from slurm.backends.slime.args import (
     slime_checkpoints,
 )
 from slurm.backends.slime.checks import check_slime, host_memory_warnings, missing_inputs
+from slurm.backends.slime.retention import TRACKER, Pruner, latest_complete
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
@@ -43,7 +44,6 @@ from slurm.service_options import service_arguments
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
 # what a run's checkpoints fix: another model or layout cannot load them
 CHECKPOINT_FIXED = ("model", "parallelism")
-TRACKER = "latest_checkpointed_iteration.txt"  # Megatron writes it when a save is complete
 
 
 def node_memory(config: ExperimentConfig) -> tuple[float, str] | None:
@@ -70,6 +70,7 @@ class SlimeBackend:
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
+        self.pruner: Pruner | None = None  # node 0's, once training starts
 
     def check(self) -> list[str]:
         warnings = check_slime(self.config)
@@ -143,6 +144,15 @@ class SlimeBackend:
         (from the attempt's cluster.json)."""
         keys = custom_config(self.config, cluster_services(attempt.cluster))
         atomic_write_bytes(attempt.root / CUSTOM_CONFIG, yaml.safe_dump(keys).encode())
+        folder = slime_checkpoints(self.config)
+        # what train.py resumes from (--load): never removed while this attempt runs
+        self.pruner = Pruner(
+            folder, self.config.slime.checkpoint.keep_last, latest_complete(folder)
+        )
+
+    def while_training(self) -> None:
+        if self.pruner is not None:
+            self.pruner.tend()
 
     def command(self, attempt: AttemptFolder) -> list[str]:
         python = self.config.container.python if self.config.container.image else sys.executable
@@ -154,7 +164,7 @@ class SlimeBackend:
         return self.config.slime.slime_root
 
     def resume_point(self) -> str | None:
-        tracker = slime_checkpoints(self.config) / TRACKER
+        tracker = slime_checkpoints(self.config) / TRACKER  # Megatron writes it when a save lands
         try:
             iteration = tracker.read_text().strip()
         except OSError:

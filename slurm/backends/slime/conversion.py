@@ -40,10 +40,9 @@ from services.base.files import partial_path, publish, remove
 from services.base.process import child_preexec
 from slurm import requeue
 from slurm.backends.slime.args import architecture, slime_checkpoints
+from slurm.backends.slime.retention import TRACKER
 from slurm.config import ExperimentConfig
 from slurm.task_command import python_command, srun_cpus
-
-TRACKER = "latest_checkpointed_iteration.txt"
 
 
 class ConversionFailed(RuntimeFailure):

@@ -1,5 +1,6 @@
 """What must exist on disk before a job is submitted: the image, the env file, and what the
-backend reads (the model, the prompt data: `Backend.missing_inputs`). Kept apart from the config's own checks (types, ranges, coherence) so that a dry
+backend reads (the model, the prompt data: `Backend.missing_inputs`), each visible inside the
+image at its own path with the configured binds (slurm/image_mounts.py). Kept apart from the config's own checks (types, ranges, coherence) so that a dry
 run can print what would run before anything is downloaded or built, then list what is still
 missing; a real submission refuses until the list is empty."""
 
@@ -12,6 +13,8 @@ from services.base.errors import ConfigError
 from services.base.secrets import TOKEN_ENV, env_file_keys
 from slurm.backends import build_backend
 from slurm.config import ExperimentConfig
+from slurm.image_mounts import describe, invisible
+from slurm.service_options import INPUT_FILES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -37,8 +40,31 @@ def missing_inputs(config: ExperimentConfig, only: tuple[str, ...] = ()) -> list
             "services refuse to start without it): put it in services.env_file, or set "
             'services.host = "127.0.0.1" on one node'
         )
-    missing += build_backend(config).missing_inputs()
+    backend = build_backend(config)
+    missing += backend.missing_inputs()
+    missing += hidden_from_image(config, backend.input_paths())
     return [item for item in missing if item.startswith(only)] if only else missing
+
+
+def hidden_from_image(config: ExperimentConfig, backend_paths: dict[str, str]) -> list[str]:
+    """Every path the job reads that the image would not show at that path (slurm/image_mounts.py),
+    as "key: what is wrong"."""
+    container = config.container
+    if not container.image:
+        return []
+    paths = dict(backend_paths)
+    if config.services.env_file:
+        paths["services.env_file"] = config.services.env_file
+    for key in INPUT_FILES:
+        named = config.services.tools.get(key)
+        if isinstance(named, str) and named:
+            paths[f"services.tools.{key}"] = named
+    shown = describe(config.run.folder, container)
+    return [
+        f"{key}: {path} is not visible inside the image (bound: {shown}; the site's own "
+        "Apptainer binds are not known here): add it, or a folder above it, to container.binds"
+        for key, path in invisible(paths, config.run.folder, container)
+    ]
 
 
 def require_inputs(config: ExperimentConfig, only: tuple[str, ...] = ()) -> None:

@@ -33,8 +33,8 @@ def python_command(config: ExperimentConfig) -> str:
 
 
 def srun_cpus(config: ExperimentConfig) -> list[str]:
-    """srun's --cpus-per-task, the job's own: Slurm 22.05 to 23.02's srun does not read
-    sbatch's (SLURM_CPUS_PER_TASK), so a step without it gets one CPU per task, and under core
+    """srun's --cpus-per-task, the job's own: Slurm 22.05 to 23.02's srun does not take
+    sbatch's from the batch job's environment, so a step without it gets one CPU per task, and under core
     binding (task/affinity, task/cgroup) the node's whole stack runs on one core. Every srun
     version takes the option; none when the job leaves the count to the cluster."""
     cpus = config.slurm.cpus_per_task

@@ -117,6 +117,11 @@ class Backend(Protocol):
         (slurm.preflight lists them with the launcher's own)."""
         ...
 
+    def input_paths(self) -> dict[str, str]:
+        """What the job reads from the host's file systems, by key (slurm.preflight checks
+        that each is visible inside the image with the configured binds)."""
+        ...
+
     def eval_engine(self) -> EvalEngine: ...
 
     def prepare(self) -> dict[str, Any]:

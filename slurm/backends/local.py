@@ -45,6 +45,10 @@ class LocalBackend:
     def missing_inputs(self) -> list[str]:
         return []  # node 0 writes its world, data and model into the run folder
 
+    def input_paths(self) -> dict[str, str]:
+        path = self.experiment.local.model.path  # a model to start from, else one built here
+        return {"local.model.path": str(Path(path).expanduser().absolute())} if path else {}
+
     def eval_engine(self) -> EvalEngine:
         from slurm.backends.local_eval import LocalEvalEngine
 

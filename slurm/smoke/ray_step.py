@@ -48,6 +48,9 @@ class ProbeBackend:
     def missing_inputs(self) -> list[str]:
         return self.delegate.missing_inputs()
 
+    def input_paths(self) -> dict[str, str]:
+        return self.delegate.input_paths()
+
     def eval_engine(self) -> EvalEngine:
         return self.delegate.eval_engine()
 

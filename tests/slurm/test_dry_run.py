@@ -143,8 +143,9 @@ def test_the_recipe_dry_runs_before_anything_is_downloaded_or_built(tmp_path: Pa
     """No image, env file, model or data yet: the dry run still prints the sbatch script and
     slime's command, then lists what is missing and exits non-zero; the submission refuses."""
     recipe = ROOT / "configs" / "deepdive-qwen.toml"
+    relative = ["--set", 'slime.rollout.prompt_data="data/train.jsonl"']
     dry = subprocess.run(
-        [*DEEPDIVE, "submit", str(recipe), "--dry-run"],
+        [*DEEPDIVE, "submit", str(recipe), "--dry-run", *relative],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
     )  # fmt: skip
@@ -164,7 +165,7 @@ def test_the_recipe_dry_runs_before_anything_is_downloaded_or_built(tmp_path: Pa
     ]
     assert dry.stderr.strip().splitlines()[-1].startswith("deepdive: error: 5 input(s) missing")
     real = subprocess.run(
-        [*DEEPDIVE, "submit", str(recipe)],
+        [*DEEPDIVE, "submit", str(recipe), *relative],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
     )  # fmt: skip

@@ -6,14 +6,22 @@ and slime's data state beside it (rollout/global_dataset_state_dict_N.pt)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from slurm.backends.slime.args import slime_checkpoints
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.retention import Pruner, iterations, prune
-from slurm.run_folder import RunFolder
+from slurm.run_folder import AttemptFolder, RunFolder
 from tests.helpers import slime_recipe as recipe
-from tests.slurm.test_slime_backend import cluster_note
+
+
+def one_node_cluster(attempt: AttemptFolder) -> None:
+    """The attempt's cluster.json as node 0's bootstrap writes it (slurm/bootstrap.py, `_join`)."""
+    attempt.root.mkdir(parents=True, exist_ok=True)
+    node = {"node": 0, "resource": "deepdive_node_0", "tools": "http://10.0.0.1:20010",
+            "reward": "http://10.0.0.1:20020", "tools_unseen": None}  # fmt: skip
+    attempt.cluster.write_text(json.dumps({"attempt": "8-1", "ray_address": "x", "nodes": [node]}))
 
 
 def save(folder: Path, iteration: int, landed: bool = True) -> None:
@@ -78,7 +86,7 @@ def test_node_0_prunes_after_each_new_save_never_the_checkpoint_it_resumed_from(
     for iteration in (20, 40):
         save(folder, iteration)  # the previous attempt's: it resumes from 40
     attempt = RunFolder(world["root"] / "run").attempt("8-1")
-    cluster_note(attempt, [(["http://10.0.0.1:20010"], "http://10.0.0.1:20020")])
+    one_node_cluster(attempt)
     backend.before_training(attempt)
     pruner = backend.pruner
     assert isinstance(pruner, Pruner) and pruner.resumed_from == 40

@@ -35,7 +35,14 @@ from slurm.backends.slime.args import (
     slime_checkpoints,
 )
 from slurm.backends.slime.checks import check_slime, host_memory_warnings, missing_inputs
-from slurm.backends.slime.retention import TRACKER, Pruner, latest_complete
+from slurm.backends.slime.model_context import read_config
+from slurm.backends.slime.retention import (
+    TRACKER,
+    Pruner,
+    disk_warnings,
+    free_bytes,
+    latest_complete,
+)
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
@@ -74,7 +81,13 @@ class SlimeBackend:
 
     def check(self) -> list[str]:
         warnings = check_slime(self.config)
-        return warnings + host_memory_warnings(self.config, node_memory(self.config))
+        warnings += host_memory_warnings(self.config, node_memory(self.config))
+        model = Path(self.config.slime.model.hf_checkpoint) / "config.json"
+        if model.is_file():
+            folder = slime_checkpoints(self.config)
+            keep = self.config.slime.checkpoint.keep_last
+            warnings += disk_warnings(folder, keep, read_config(model.parent), free_bytes(folder))
+        return warnings
 
     def check_continues(self, saved: ExperimentConfig) -> None:
         """Another model or layout cannot load the run's checkpoints."""
@@ -91,6 +104,16 @@ class SlimeBackend:
 
     def missing_inputs(self) -> list[str]:
         return missing_inputs(self.config)
+
+    def input_paths(self) -> dict[str, str]:
+        slime = self.config.slime
+        paths = {
+            "slime.model.hf_checkpoint": slime.model.hf_checkpoint,
+            "slime.model.ref_load": slime.model.ref_load,
+            "slime.rollout.prompt_data": slime.rollout.prompt_data,
+            **{f"slime.eval.sets.{name}": path for name, path in sorted(slime.eval.sets.items())},
+        }
+        return {key: path for key, path in paths.items() if path}
 
     def eval_engine(self) -> EvalEngine:
         from slurm.backends.slime.eval_engine import SlimeEvalEngine

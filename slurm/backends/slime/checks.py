@@ -396,11 +396,26 @@ def _check_model_config(config: ExperimentConfig, args: dict[str, str], hf: dict
         )
 
 
+def source_checkout() -> Path | None:
+    """The git checkout this launcher runs from (None when it is installed: a wheel, the
+    image)."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / ".git").exists() and (root / "pyproject.toml").is_file() else None
+
+
 def missing_inputs(config: ExperimentConfig) -> list[str]:
     """What the slime job reads that is not on disk yet (slurm.preflight lists them: a dry run
     goes on without them, a real submission refuses)."""
     model, rollout = config.slime.model, config.slime.rollout
     missing = []
+    checkout = source_checkout()
+    folder = Path(config.run.folder).resolve()
+    if checkout is not None and (folder == checkout or checkout in folder.parents):
+        missing.append(
+            f"run.folder: {config.run.folder} is inside the launcher's checkout ({checkout}): "
+            "slime's checkpoints (hundreds of GB each for a 32B model) belong on shared "
+            "storage every node sees; set run.folder there"
+        )
     if model.hf_checkpoint and not (Path(model.hf_checkpoint) / "config.json").is_file():
         missing.append(
             f"slime.model.hf_checkpoint: {model.hf_checkpoint} has no config.json "

@@ -23,12 +23,18 @@ import re
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 from services.base.logs import log_event
+from slurm.backends.slime.memory_estimate import ModelShape
 
 logger = logging.getLogger("deepdive.job")
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# bytes per parameter of a torch_dist checkpoint: the bf16 weights and the distributed
+# optimizer's fp32 master copy and Adam's m and v (2 + 4 + 4 + 4)
+CHECKPOINT_BYTES_PER_PARAMETER = 14
+GB = 1e9
 ITERATION = re.compile(r"^iter_(\d{7})$")
 REMOVING = ".removing-"
 
@@ -123,3 +129,34 @@ class Pruner:
         self.removed += removed
         if removed:
             log_event(logger, "retention", removed=removed, kept_newest=self.keep_last)
+
+
+def checkpoint_bytes(model_config: dict[str, Any]) -> float | None:
+    """One checkpoint's size on disk (None for a model the estimate does not cover)."""
+    shape = ModelShape.from_config(model_config)
+    return None if shape is None else CHECKPOINT_BYTES_PER_PARAMETER * shape.parameters()
+
+
+def disk_warnings(
+    folder: Path, keep_last: int, model_config: dict[str, Any], free_bytes: int
+) -> list[str]:
+    """The run folder's file system must hold two checkpoints (the newest complete one and
+    the next, being written, before the older goes); every one when keep_last = 0."""
+    size = checkpoint_bytes(model_config)
+    if size is None or free_bytes >= 2 * size:
+        return []
+    kept = f"slime.checkpoint.keep_last = {keep_last}" if keep_last else "every one is kept"
+    return [
+        f"{folder}: {free_bytes / GB:.0f} GB free, but two checkpoints need "
+        f"{2 * size / GB:.0f} GB ({size / GB:.0f} GB each: {CHECKPOINT_BYTES_PER_PARAMETER} "
+        f"bytes x {size / CHECKPOINT_BYTES_PER_PARAMETER / 1e9:.1f} B parameters; {kept}): "
+        "a save would fail part-way, or fill the file system for everyone on it"
+    ]
+
+
+def free_bytes(folder: Path) -> int:
+    """Free space where `folder` is, or will be (its nearest existing parent)."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return shutil.disk_usage(candidate).free
+    return shutil.disk_usage("/").free

@@ -23,8 +23,16 @@ from tests.helpers import slime_recipe as recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def with_container(config: ExperimentConfig, **changes: list[str]) -> ExperimentConfig:
-    return dataclasses.replace(config, container=dataclasses.replace(config.container, **changes))
+def with_container(
+    config: ExperimentConfig, binds: list[str] | None = None, options: list[str] | None = None
+) -> ExperimentConfig:
+    container = config.container
+    container = dataclasses.replace(
+        container,
+        binds=container.binds if binds is None else binds,
+        options=container.options if options is None else options,
+    )
+    return dataclasses.replace(config, container=container)
 
 
 def hidden_keys(config: ExperimentConfig) -> list[str]:

@@ -159,6 +159,11 @@ def run_status(args: argparse.Namespace) -> None:
     step = "-" if status.step is None else str(status.step)
     reward = "-" if status.reward is None else f"{status.reward:.3f}"
     print(f"step      {step} (reward {reward})")
+    checkpoint = "-" if status.checkpoint is None else f"step {status.checkpoint}"
+    print(
+        f"checkpoint {checkpoint}"
+        + (f" (a requeue now redoes {status.redo})" if status.redo else "")
+    )
     print(f"finished  {'yes' if status.finished else 'no'}")
     if status.requeue:
         print(f"requeue   {status.requeue}")

@@ -71,6 +71,9 @@ class RunStatus:
     finished: bool = False
     nodes: dict[int, str] = field(default_factory=dict)  # each node's newest phase
     requeue: str | None = None  # the newest attempt's requeue: asked, requeued or refused
+    checkpoint: int | None = None  # the newest complete checkpoint's step
+    # what a requeue loses (the steps logged since that checkpoint, redone by the next attempt)
+    redo: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON's keys are strings: the nodes' numbers become "0", "1", ..."""
@@ -118,4 +121,33 @@ def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
     note = read_json(run.finished)
     if isinstance(note, dict):
         status.finished = True
+    status.checkpoint = checkpoint_step(run)
+    status.redo = redone(status.step, status.checkpoint)
     return status
+
+
+def checkpoint_step(run: RunFolder) -> int | None:
+    """The newest complete checkpoint's step, as the run's backend keeps them (None: none yet,
+    or a saved experiment this launcher cannot read)."""
+    from slurm.backends import build_backend
+    from slurm.config import load_experiment
+
+    if not run.config.is_file():
+        return None
+    try:
+        return build_backend(load_experiment(run.config)).checkpoint_step()
+    except ConfigError:
+        return None
+
+
+def redone(step: int | None, checkpoint: int | None) -> str | None:
+    """What a requeue now would cost: the steps after the checkpoint, redone (their metrics
+    are dropped and logged again)."""
+    if step is None:
+        return None
+    if checkpoint is None:
+        return f"every step so far (1-{step}): no checkpoint yet" if step >= 1 else None
+    if step <= checkpoint:
+        return "nothing: the newest step is checkpointed"
+    lost = step - checkpoint
+    return f"{lost} step(s), {checkpoint + 1}-{step}, since the checkpoint at step {checkpoint}"

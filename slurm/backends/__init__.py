@@ -154,6 +154,11 @@ class Backend(Protocol):
         """What the next attempt continues from, in words (None: it starts afresh)."""
         ...
 
+    def checkpoint_step(self) -> int | None:
+        """The step (slime: the rollout) of the newest complete checkpoint, read cheaply:
+        `deepdive status` says what a requeue would redo."""
+        ...
+
     def describe(self, attempt: AttemptFolder) -> str:
         """The training command as --dry-run prints it."""
         ...

@@ -104,6 +104,12 @@ class LocalBackend:
     def describe(self, attempt: AttemptFolder) -> str:
         return " ".join(self.command(attempt))
 
+    def checkpoint_step(self) -> int | None:
+        from deepdive.local.checkpoint import checkpoints
+
+        found = checkpoints(self.paths.checkpoints)  # step-NNNNNN folders, complete ones
+        return int(found[-1].name.split("-", 1)[1]) if found else None
+
     def resume_point(self) -> str | None:
         from deepdive.local.checkpoint import load_latest
 

@@ -74,6 +74,9 @@ class ProbeBackend:
     def while_training(self) -> None:
         return None  # the probe keeps no checkpoint
 
+    def checkpoint_step(self) -> int | None:
+        return None
+
     def working_directory(self) -> str | None:
         return None
 

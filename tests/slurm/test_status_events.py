@@ -65,3 +65,24 @@ def test_status_reads_the_local_backends_events_too(tmp_path: Path) -> None:
     )
     status = run_status(run)
     assert (status.step, status.reward) == (2, 0.5)
+
+
+def test_status_says_what_a_requeue_would_redo(tmp_path: Path) -> None:
+    """The newest complete checkpoint (Megatron's tracker, for slime) against the newest step
+    logged: the steps a requeue now loses and redoes. 2a5d2bd's status did not say."""
+    run = RunFolder(tmp_path / "run")
+    run.root.mkdir()
+    (run.root / "config.toml").write_text(f'[run]\nfolder = "{run.root}"\nbackend = "slime"\n')
+    write(
+        run.root / "logs" / "tensorboard", [("rollout/raw_reward", 0.5, s) for s in range(9)], ".r"
+    )
+    assert run_status(run).redo == "every step so far (1-8): no checkpoint yet"
+    checkpoints = run.root / "slime_checkpoints"
+    (checkpoints / "iter_0000005").mkdir(parents=True)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("5")
+    status = run_status(run)
+    assert (status.checkpoint, status.step) == (5, 8)
+    assert status.redo == "3 step(s), 6-8, since the checkpoint at step 5"
+    shown = subprocess.run([*DEEPDIVE, "status", str(run.root)], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "checkpoint step 5 (a requeue now redoes 3 step(s), 6-8" in shown.stdout

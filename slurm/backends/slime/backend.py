@@ -186,6 +186,9 @@ class SlimeBackend:
     def working_directory(self) -> str | None:
         return self.config.slime.slime_root
 
+    def checkpoint_step(self) -> int | None:
+        return latest_complete(slime_checkpoints(self.config))  # Megatron's iteration = rollout
+
     def resume_point(self) -> str | None:
         tracker = slime_checkpoints(self.config) / TRACKER  # Megatron writes it when a save lands
         try:

@@ -5,6 +5,8 @@
 - the driver: nvidia-smi answers and lists the node's GPUs;
 - the CPUs: the task's affinity holds at least the CPUs it asked for (slurm.cpus_per_task):
   Slurm 22.05-23.02 under core binding gives a step without srun --cpus-per-task one core;
+- the host memory: the node's (MemTotal, or the cgroup's limit when lower) holds the slime
+  experiment's host estimate (CPU Adam, slime's weight backups; memory_estimate.host_estimate);
 - the import closure of slime's training path and our hooks (IMPORT_CLOSURE): each module
   imported, each named function present, versions printed;
 - the user: not root (Apptainer runs the job as the submitting user, so a check as root
@@ -22,6 +24,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm.config import ExperimentConfig
 from slurm.environment import CpuGrant, GpuGrant, cpus_given, gpus_given
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
@@ -94,6 +97,7 @@ def run(context: SmokeContext) -> list[Check]:
     configured = context.config.slurm.gpus_per_node
     checks = [gpu_check(count, build, gpus_given(), configured, _driver_count()), driver_check()]
     checks.append(cpu_check(cpus_given(), context.config.slurm.cpus_per_task))
+    checks.append(host_memory_check(context.config, node_memory_gib()))
     checks += import_checks(IMPORT_CLOSURE)
     checks.append(user_check(os.geteuid()))
     slime = context.config.slime
@@ -169,6 +173,46 @@ def cpu_check(grant: CpuGrant, configured: int) -> Check:
     if not asked:
         return passed("CPUs", f"{grant.affinity} in the task's affinity; none asked")
     return passed("CPUs", f"{grant.affinity} in the task's affinity, {asked} asked")
+
+
+def node_memory_gib() -> float:
+    """This node's memory as the task may use it: MemTotal, or the cgroup's limit when lower
+    (v2 memory.max, v1 memory.limit_in_bytes)."""
+    sizes = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                sizes.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            sizes.append(int(text))
+    return min(sizes) / 2**30 if sizes else 0.0
+
+
+def host_memory_check(config: ExperimentConfig, node_gib: float) -> Check:
+    """The node's memory against the experiment's host estimate (a slime experiment whose
+    model's config.json is readable here; otherwise the figure alone)."""
+    from slurm.backends.slime.memory_estimate import host_estimate
+    from slurm.backends.slime.model_context import read_config
+
+    if node_gib <= 0:
+        return failed("host memory", "neither /proc/meminfo nor the cgroup says")
+    model = Path(config.slime.model.hf_checkpoint) / "config.json"
+    if not config.slime.model.hf_checkpoint or not model.is_file():
+        return passed("host memory", f"{node_gib:.0f} GiB on this node (no model to estimate)")
+    found = host_estimate(config, read_config(model.parent), node_gib)
+    if found is None:
+        return passed("host memory", f"{node_gib:.0f} GiB on this node (model not estimated)")
+    detail = f"about {found.total_gib:.0f} GiB needed, {node_gib:.0f} GiB on this node"
+    if not found.fits():
+        return failed("host memory", f"{detail}:\n{found.describe()}")
+    return passed("host memory", detail)
 
 
 def import_checks(needed: tuple[Needed, ...]) -> list[Check]:

@@ -27,14 +27,16 @@ from slurm.smoke.image import (
     Needed,
     cpu_check,
     gpu_check,
+    host_memory_check,
     import_checks,
+    node_memory_gib,
     readable_check,
     user_check,
 )
 from slurm.smoke.report import Check, StepResult
 from slurm.smoke.runner import gather, run_node
 from slurm.smoke.steps import STEPS, Step, plan, select
-from tests.helpers import DEEPDIVE, TINY_JOB, submitted_job_id
+from tests.helpers import DEEPDIVE, TINY_JOB, slime_recipe, submitted_job_id
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HERE = "tests.slurm.test_gpu_smoke"
@@ -148,6 +150,19 @@ def test_an_affinity_smaller_than_asked_fails_step_one() -> None:
     assert cpu_check(CpuGrant(slurm=8, affinity=8), configured=8).ok
     assert cpu_check(CpuGrant(slurm=2, affinity=16), configured=0).ok  # task/none: more is fine
     assert cpu_check(CpuGrant(slurm=0, affinity=4), configured=0).detail.endswith("none asked")
+
+
+def test_a_node_with_less_memory_than_the_host_estimate_fails_step_one(
+    world: dict[str, Path],
+) -> None:
+    """The recipe's node needs about 536 GiB (CPU Adam, slime's actor and reference backups)."""
+    config = slime_recipe(world)
+    small = host_memory_check(config, 512.0)
+    assert not small.ok and "about 536 GiB needed, 512 GiB on this node" in small.detail
+    assert host_memory_check(config, 2048.0).ok
+    assert node_memory_gib() > 0  # /proc/meminfo, or the cgroup's limit
+    local = host_memory_check(ExperimentConfig(), node_memory_gib())
+    assert local.ok and local.detail.endswith("(no model to estimate)")
 
 
 def test_root_is_refused_and_a_normal_user_passes() -> None:

@@ -42,6 +42,14 @@ need() {  # need COMMAND PACKAGE: install PACKAGE (as root) when COMMAND is miss
   "$ROOT/scripts/apt-install.sh" "$2" || { echo "containers: $1 is missing (apt-get install $2)" >&2; exit 1; }
 }
 
+apptainer_at_least() {  # apptainer_at_least MAJOR MINOR: the Apptainer on PATH is that or newer
+  local version major minor
+  version=$(apptainer --version 2>/dev/null | grep -oE '[0-9]+\.[0-9]+' | head -1)
+  [[ -n $version ]] || return 1
+  major=${version%%.*} minor=${version#*.}
+  (( major > $1 || (major == $1 && minor >= $2) ))
+}
+
 digest() {  # a short hash of files, to tag what was built from them
   cat "$@" | sha256sum | cut -c1-16
 }
@@ -182,6 +190,12 @@ train() {
     exit 2
   fi
   need apptainer apptainer
+  if ! apptainer_at_least 1 4; then
+    echo "containers: $(apptainer --version 2>&1 | head -1): the training image's base is" \
+      "TAG@DIGEST, which Apptainer up to 1.3 refuses (--build-arg-file needs 1.2); build with" \
+      "Apptainer 1.4 or newer (docs/cluster.md, \"Your site\")" >&2
+    exit 2
+  fi
   context
   apptainer build --build-arg-file "$BUILD/train.args" "${IMAGE:-deepdive-train.sif}" containers/train.def
 }

@@ -183,6 +183,7 @@ def test_install_from_lock_reads_every_pin_with_its_hashes() -> None:
 # A stand-in for Apptainer (not installable on this host; the container CI runs the real one
 # inside podman): it records how it was called and what the build context held at that moment.
 FAKE_APPTAINER = """#!/bin/sh
+[ "$1" = --version ] && { echo "apptainer version ${FAKE_APPTAINER_VERSION:-1.4.5}"; exit 0; }
 { echo "argv: $*"; echo "cwd: $(pwd)"
   test -f containers/build/project/pyproject.toml && echo "project: yes"
   test -f containers/build/train.args && sed 's/^/args: /' containers/build/train.args
@@ -236,6 +237,18 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
     assert f"args: TRAIN_BASE={pins()['TRAIN_BASE_TAG']}@{digest}" in lines
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert f"args: VERSION={version}" in lines  # the label submit compares
+    record.unlink()
+    old = subprocess.run(
+        ["make", "-C", str(checkout), "image"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path),
+             "APPTAINER_RECORD": str(record), "FAKE_APPTAINER_VERSION": "1.3.6"},
+    )  # fmt: skip
+    # Apptainer up to 1.3 refuses a reference with both a tag and a digest: said before building
+    assert old.returncode != 0 and "apptainer version 1.3.6: the training image's base" in (
+        old.stderr
+    )
+    assert not record.exists()  # nothing was built
 
 
 # The training image (containers/train.def) as far as a CPU host can check it: it is slime's own

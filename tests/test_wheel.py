@@ -137,6 +137,7 @@ def test_the_recipes_dry_run_reads_the_presets_from_the_wheel(
         "services.env_file": '"secrets.env"',  # the token the recipe's services.host needs
         "slime.model.hf_checkpoint": f'"{model}"',
         "slime.model.ref_load": f'"{tmp_path / "models" / "reference"}"',
+        "slime.rollout.prompt_data": '"data/train.jsonl"',  # made here, taken from where we submit
     }
     command = [str(installed / "deepdive"), "submit", "recipe.toml", "--dry-run"]
     for key, value in overrides.items():

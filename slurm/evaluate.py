@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from deepdive.aborts import aborted_errors, most_said
+from deepdive.aborts import aborted_errors
+from deepdive.messages import most_said
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from services.base.errors import ConfigError, RuntimeFailure
 from services.base.files import atomic_write_bytes

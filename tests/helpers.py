@@ -4,6 +4,7 @@ the rollout's services and arguments. Fixtures stay in conftest.py; fakes live i
 from __future__ import annotations
 
 import asyncio
+import importlib
 import re
 import subprocess
 import sys
@@ -303,3 +304,32 @@ def slime_overrides(world: dict[str, Path], *extra: str) -> list[str]:
 def slime_recipe(world: dict[str, Path], *extra: str) -> ExperimentConfig:
     """The recipe loaded over `world`, with `extra` overrides."""
     return load_experiment(SLIME_RECIPE, slime_overrides(world, *extra))
+
+
+# -- slime's rollout log path, for the rollout log functions it loads by path --
+
+
+def load_function(path: str) -> Any:
+    """slime/utils/misc.py, `load_function`, lines 39-48."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def slime_log_rollout_data(
+    rollout_id: int, args: Namespace, samples: list[Any], extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What slime does with a rollout before it trains on it (slime/observability/
+    rollout_metrics.py, `log_rollout_data`, lines 256-271): the custom function first, which
+    skips the rest by answering True; then the rollout's extra metrics are logged, with
+    slime's own. An exception goes up through RolloutManager.generate (slime/ray/rollout.py,
+    line 506) to train.py's ray.get (train.py, line 53): the run stops."""
+    custom = load_function(args.custom_rollout_log_function_path)
+    if custom(rollout_id, args, samples, extra, 12.5):
+        return {}
+    return {**(extra or {})}
+
+
+def slime_log_eval_rollout_data(rollout_id: int, args: Namespace, data: dict[str, Any]) -> None:
+    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-227 (its
+    extra metrics are None after slime's own eval rollout, lines 476-486)."""
+    load_function(args.custom_eval_rollout_log_function_path)(rollout_id, args, data, None)

@@ -38,6 +38,8 @@ SLIME_SIDE = (
     "routing",
     "aborts",
     "rollout_modes",
+    "messages",
+    "tool_errors",
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string

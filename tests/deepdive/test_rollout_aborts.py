@@ -4,7 +4,6 @@ line, bounded), and nothing SGLang sends back raises out of the rollout."""
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import logging
@@ -19,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from deepdive.aborts import MESSAGE_CHARS, RolloutAborted, sglang_message
+from deepdive.aborts import RolloutAborted, sglang_message
 from deepdive.clients import close_clients
 from deepdive.local.config import load_local_config
 from deepdive.local.context import RunContext
@@ -28,6 +27,7 @@ from deepdive.local.paths import RunPaths
 from deepdive.local.prompts import PromptSampler
 from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.local.training import grpo_step
+from deepdive.messages import MESSAGE_CHARS
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool
 from deepdive.rollout_settings import (
@@ -38,7 +38,14 @@ from deepdive.rollout_settings import (
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.base.logs import register_secret
-from tests.helpers import make_args, new_sample, serve_in_thread
+from tests.helpers import (
+    load_function,
+    make_args,
+    new_sample,
+    serve_in_thread,
+    slime_log_eval_rollout_data,
+    slime_log_rollout_data,
+)
 
 # the rollout's pooled clients belong to each test's event loop: closed after each test
 episode_test = pytest.mark.usefixtures("rollout_clients")
@@ -225,32 +232,6 @@ def test_nothing_sglang_answers_raises_out_of_the_rollout(services: dict[str, st
 # -- each rollout's aborted episodes, counted, and the run stopped when they are too many ----
 
 
-def load_function(path: str) -> Any:
-    """slime/utils/misc.py, `load_function`, lines 39-48."""
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def slime_log_rollout_data(
-    rollout_id: int, args: Namespace, samples: list[Any], extra: dict[str, Any] | None
-) -> dict[str, Any]:
-    """What slime does with a rollout before it trains on it (slime/observability/
-    rollout_metrics.py, `log_rollout_data`, lines 256-271): the custom function first, which
-    skips the rest by answering True; then the rollout's extra metrics are logged, with
-    slime's own. An exception goes up through RolloutManager.generate (slime/ray/rollout.py,
-    line 506) to train.py's ray.get (train.py, line 53): the run stops."""
-    custom = load_function(args.custom_rollout_log_function_path)
-    if custom(rollout_id, args, samples, extra, 12.5):
-        return {}
-    return {**(extra or {})}
-
-
-def slime_log_eval_rollout_data(rollout_id: int, args: Namespace, data: dict[str, Any]) -> None:
-    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-227 (its
-    extra metrics are None after slime's own eval rollout, lines 476-486)."""
-    load_function(args.custom_eval_rollout_log_function_path)(rollout_id, args, data, None)
-
-
 async def rollout_of(
     services: dict[str, str], refused: int, answered: int, **extra: Any
 ) -> tuple[list[LocalSample], Namespace]:
@@ -292,7 +273,8 @@ async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
     samples, args = await rollout_of(services, refused=1, answered=3)
     with caplog.at_level(logging.WARNING, logger="deepdive.aborts"):
         logged = slime_log_rollout_data(3, args, samples, {"rollout/dynamic_filter/drop_x": 2})
-    assert logged == {
+    aborts = {k: v for k, v in logged.items() if "/tool_" not in k}
+    assert aborts == {
         "rollout/dynamic_filter/drop_x": 2,  # slime's own, kept
         "rollout/deepdive/aborted": 1,
         "rollout/deepdive/aborted_ratio": 0.25,
@@ -302,7 +284,10 @@ async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
     assert record.getMessage().startswith("rollout_aborted rollout=3 ")
     assert "aborted=1 samples=4 share=0.25 error=" in record.getMessage()
     clean = slime_log_rollout_data(4, args, samples[1:], {})
-    assert clean == {"rollout/deepdive/aborted": 0, "rollout/deepdive/aborted_ratio": 0.0}
+    assert {k: v for k, v in clean.items() if "/tool_" not in k} == {
+        "rollout/deepdive/aborted": 0,
+        "rollout/deepdive/aborted_ratio": 0.0,
+    }
     assert slime_log_rollout_data(5, args, [], None) == {}  # nothing to count, no crash
 
 

@@ -6,7 +6,8 @@ tokens are never re-tokenised), stop at the end of a tool call, parse it with th
 protocol, run it on the tool server (on the one worker of one node's tool server that the
 episode's prompt picks: deepdive.routing), and append the observation as tokens with loss mask 0
 and log-probability 0.0. Each turn's max_new_tokens shrinks so prompt + response never exceed the
-context. `finish` ends the episode.
+context, and an episode whose next input SGLang's scheduler would abort (context - 6 tokens and
+more) ends TRUNCATED first. `finish` ends the episode.
 
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
 FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
@@ -69,6 +70,11 @@ from services.base.logs import log_event
 from services.http import Upstream, decode_json_object
 
 logger = logging.getLogger("deepdive.rollout")
+# SGLang's scheduler aborts an input of max_req_input_len = max_req_len - 5 tokens or more,
+# max_req_len = min(context_len - 1, the KV pool - 1) (python/sglang/srt/managers/scheduler.py
+# and utils.py `validate_input_length`, 0.5.15.post1): the longest input it serves is
+# context - 7 tokens. An episode stops before it (TRUNCATED), never sent to be ABORTED.
+SGLANG_INPUT_RESERVE = 6
 _TOKENIZERS: dict[str, Any] = {}
 
 
@@ -326,6 +332,7 @@ async def generate_with_tool(
         "stop": list(dict.fromkeys([*stops, TOOL_CALL_CLOSE])),
         "no_stop_trim": True,
     }
+    longest_input = settings.max_context_tokens - 1 - SGLANG_INPUT_RESERVE
     status = "TRUNCATED"
     while True:
         if stats.turns >= settings.max_turns:
@@ -335,7 +342,7 @@ async def generate_with_tool(
             response_budget - trajectory.response_length,
             settings.max_context_tokens - trajectory.length,
         )
-        if max_new <= 0:
+        if max_new <= 0 or trajectory.length > longest_input:
             stats.error = "context_limit"
             break
         started = time.monotonic()
@@ -393,7 +400,7 @@ async def generate_with_tool(
             observation = reply.observation
         text = format_observation(observation)
         ids = observations.ids(text)
-        if trajectory.length + len(ids) >= settings.max_context_tokens:
+        if trajectory.length + len(ids) > longest_input:
             stats.error = "context_limit"
             break
         trajectory.add_observation(ids, text)

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 from argparse import Namespace
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from deepdive.local.paths import RunPaths
 from deepdive.local.prompts import PromptSampler
 from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.local.training import grpo_step
-from deepdive.messages import MESSAGE_CHARS
+from deepdive.messages import MESSAGE_CHARS, most_said
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool
 from deepdive.rollout_settings import (
@@ -354,3 +355,73 @@ def test_a_local_step_mostly_aborted_stops_the_run_too(tmp_path: Path) -> None:
         with pytest.raises(RolloutAborted, match=r"^rollout 3: 2 of 2 episodes ABORTED") as error:
             grpo_step(run, 3, None, rollouts, [row], PromptSampler(1, 0))  # type: ignore[arg-type]
     assert "The limit is rollout.max_aborted_share." in str(error.value)
+
+
+def refused_with(total: int, tokens: int) -> LocalSample:
+    """An episode SGLang refused, its error as the rollout keeps it (`error_of`)."""
+    said = TOO_LONG.replace("40123", str(total)).replace("39000", str(tokens))
+    return LocalSample(
+        status=SampleStatus.ABORTED,
+        metadata={"deepdive": {"error": f"sglang: HTTP 400: {said}"}},
+    )
+
+
+def test_refusals_that_differ_only_in_their_numbers_read_as_one_line() -> None:
+    """Eleven 400s with different token counts were eleven lines of one each (the top three
+    shown): one line with its count now, the numbers that differ as their range."""
+    samples = [refused_with(40_000 + i, 39_000 + 7 * i) for i in range(11)]
+    samples.append(LocalSample(status=SampleStatus.ABORTED, metadata={"deepdive": {"error": "x"}}))
+    args = make_args("http://127.0.0.1:9", {"tools": "http://t", "reward": "http://r"})
+    with pytest.raises(RolloutAborted) as stopped:
+        load_function(ROLLOUT_LOG_FUNCTION_PATH)(0, args, samples, {}, 1.0)
+    said = str(stopped.value).split("SGLang said: ", 1)[1]
+    assert said.startswith(
+        "[11x] sglang: HTTP 400: Requested token count exceeds the model's maximum context "
+        "length of 32768 tokens. You requested a total of 40000-40010 tokens: 39000-39070 "
+        "tokens from the input messages and 1123 tokens for the completion."
+    )
+    assert "; [1x] x." in said
+
+
+def test_most_said_keeps_apart_what_differs_in_words_and_names_few_values() -> None:
+    errors = Counter(
+        {"sglang: HTTP 503": 2, "sglang: HTTP 500": 1, "sglang aborted": 4, "serper: HTTP 429": 1}
+    )
+    assert most_said(errors) == (
+        "[4x] sglang aborted; [3x] sglang: HTTP 500/503; [1x] serper: HTTP 429"
+    )
+    assert most_said(Counter()) == ""
+
+
+# -- an episode that fills the context: TRUNCATED before SGLang's scheduler would abort it ---
+
+
+async def fill_context(services: dict[str, str], context: int | None) -> LocalSample:
+    """A search, then its answer, against a fake SGLang that keeps SGLang's bounds for
+    `context` (fakes/sglang.py, `context_length`), the rollout told the same context."""
+    fake = FakeSGLang([ScriptedTurn(SEARCH), ScriptedTurn(FINISH)], context_length=context)
+    with serve_in_thread(fake.app()) as sglang:
+        args = make_args(sglang, services, context=context or 100_000)
+        args.deepdive_retries = 0
+        return await generate_with_tool(args, new_sample(), {"max_new_tokens": 100_000})
+
+
+@pytest.mark.anyio
+@episode_test
+@pytest.mark.parametrize(("room", "served"), [(3, False), (6, False), (7, True)])
+async def test_an_input_sglang_would_abort_is_never_sent(
+    services: dict[str, str], room: int, served: bool
+) -> None:
+    """SGLang's scheduler aborts inputs of context - 6 tokens and more (max_req_input_len =
+    min(context - 1, pool - 1) - 5): an episode whose search leaves 3 (or 6) tokens of the
+    context went on, was aborted and was kept out of training as SGLang's failure. It ends
+    TRUNCATED at the context now; with 7 tokens left the next turn is served (and cut at the
+    context: its answer is longer)."""
+    played = await fill_context(services, None)
+    assert played.status is SampleStatus.COMPLETED
+    after_search = len(played.tokens) - len(FINISH)  # the input of the answer's turn
+    sample = await fill_context(services, after_search + room)
+    assert sample.status is SampleStatus.TRUNCATED, error_of(sample)
+    stats = sample.metadata["deepdive"]
+    assert (stats["turns"], stats["error"]) == ((2, "length") if served else (1, "context_limit"))
+    assert not sample.remove_sample

@@ -403,7 +403,10 @@ async def fill_context(services: dict[str, str], context: int | None) -> LocalSa
     with serve_in_thread(fake.app()) as sglang:
         args = make_args(sglang, services, context=context or 100_000)
         args.deepdive_retries = 0
-        return await generate_with_tool(args, new_sample(), {"max_new_tokens": 100_000})
+        sample: LocalSample = await generate_with_tool(
+            args, new_sample(), {"max_new_tokens": 100_000}
+        )
+    return sample
 
 
 @pytest.mark.anyio

@@ -40,6 +40,8 @@ REWARD_FUNCTION_PATH = "deepdive.rollout.reward_func"
 # ... and --custom-rollout-log-function-path, --custom-eval-rollout-log-function-path
 ROLLOUT_LOG_FUNCTION_PATH = "deepdive.aborts.log_rollout"
 EVAL_LOG_FUNCTION_PATH = "deepdive.aborts.log_eval_rollout"
+# ... and --custom-reward-post-process-path: slime's group normalisation over answered episodes
+REWARD_POST_PROCESS_PATH = "deepdive.group_rewards.post_process_rewards"
 # The tokenizer object the local backend hands the rollout (slime's hook loads hf_checkpoint's).
 TOKENIZER_ARG = "deepdive_tokenizer"
 _PREFIX = "deepdive_"

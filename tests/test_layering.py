@@ -40,6 +40,7 @@ SLIME_SIDE = (
     "rollout_modes",
     "messages",
     "tool_errors",
+    "group_rewards",
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string

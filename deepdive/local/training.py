@@ -23,6 +23,7 @@ from deepdive.local.rollouts import Rollouts
 from deepdive.local.run_log import RunLog, plot_rewards
 from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
+from deepdive.sample import status_name
 from deepdive.tool_errors import check_tool_error_share, tool_error_metrics
 from services.base.files import atomic_path
 
@@ -167,7 +168,8 @@ def grpo_step(
     per_node = {f"samples_node_{node}": count for node, count in rollouts.node_counts().items()}
     rollout_s = time.monotonic() - started
     rewards = [float(s.reward) for s in samples]
-    advantages = group_advantages(rewards, grpo.samples_per_prompt, grpo.normalize_std)
+    answered = [status_name(s) != "ABORTED" for s in samples]
+    advantages = group_advantages(rewards, grpo.samples_per_prompt, grpo.normalize_std, answered)
     examples = examples_from(samples, advantages)
     started = time.monotonic()
     update: dict[str, float] = {}

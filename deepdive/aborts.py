@@ -16,13 +16,15 @@ its episodes aborted stops the run with SGLang's words and the count (`log_rollo
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
+from deepdive.eval_metrics import answered_view, has_aborted
 from deepdive.messages import most_said, one_line
 from deepdive.rollout_settings import arg_name, settings_from_args
 from deepdive.sample import status_name
@@ -181,14 +183,35 @@ def log_rollout(
     return False
 
 
-def log_eval_rollout(rollout_id: int, args: Any, data: Any, extra_metrics: Any) -> bool:
+def log_eval_rollout(
+    rollout_id: int,
+    args: Any,
+    data: Any,
+    extra_metrics: Any,
+    slime_log: Callable[[int, Any, Any, Any], Any] | None = None,
+) -> bool:
     """--custom-eval-rollout-log-function-path: the same rules for each evaluation set
     (slime/observability/rollout_metrics.py, lines 223-227): an eval mostly aborted measures
-    SGLang, not the policy, and one whose tools mostly failed measures the tools. Returns
-    False: slime logs the evaluation as usual."""
+    SGLang, not the policy, and one whose tools mostly failed measures the tools. Without an
+    aborted episode it returns False: slime logs the evaluation as usual. With one, the
+    evaluation is logged here, by slime's own `log_eval_rollout_data` (or `slime_log`, its
+    stand-in where slime is not installed), over the answered episodes with the aborted count
+    beside (deepdive.eval_metrics), and it returns True so slime does not log it again."""
     settings = settings_from_args(args)
     for name, result in (data or {}).items():
         samples = _flat(result.get("samples") or []) if isinstance(result, dict) else []
         check_aborted_share(samples, settings.max_aborted_share, rollout_id, str(name))
         check_tool_error_share(samples, settings.max_tool_error_share, rollout_id, str(name))
-    return False
+    if not has_aborted(data):
+        return False
+    answered, metrics, quiet = answered_view(args, data, extra_metrics)
+    log = slime_log if slime_log is not None else _slime_eval_log()
+    log(rollout_id, quiet, answered, metrics)
+    return True
+
+
+def _slime_eval_log() -> Callable[[int, Any, Any, Any], Any]:
+    """slime's own eval logging (inside slime's rollout manager, where slime imports)."""
+    module = importlib.import_module("slime.observability.rollout_metrics")
+    log: Callable[[int, Any, Any, Any], Any] = module.log_eval_rollout_data
+    return log

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import math
 import re
 import subprocess
 import sys
@@ -329,7 +330,63 @@ def slime_log_rollout_data(
     return {**(extra or {})}
 
 
-def slime_log_eval_rollout_data(rollout_id: int, args: Namespace, data: dict[str, Any]) -> None:
-    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-227 (its
-    extra metrics are None after slime's own eval rollout, lines 476-486)."""
-    load_function(args.custom_eval_rollout_log_function_path)(rollout_id, args, data, None)
+def slime_log_eval_rollout_data(
+    rollout_id: int,
+    args: Namespace,
+    data: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    logged: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-250 (its
+    extra metrics are None after slime's own eval rollout, lines 476-486), without the
+    per-sample metrics (`compute_metrics_from_samples`) and the logging backend: the custom
+    function first, which skips the rest by answering True; then each set's mean reward, its
+    truncated share and, with --log-passrate, its pass@k. What it logs is appended to `logged`
+    and returned. Our eval log function logs through slime's own function, which it imports
+    inside slime; here it is handed this one (`slime_log`), slime not being installable."""
+    logged = [] if logged is None else logged
+
+    def slime_log(rollout: int, args: Any, data: Any, extra: Any) -> None:
+        slime_log_eval_rollout_data(rollout, args, data, extra, logged)
+
+    if args.custom_eval_rollout_log_function_path is not None:
+        custom = load_function(args.custom_eval_rollout_log_function_path)
+        if custom(rollout_id, args, data, extra, slime_log=slime_log):
+            return logged
+    log_dict = extra or {}
+    for key in data:
+        rewards = data[key]["rewards"]
+        log_dict[f"eval/{key}"] = sum(rewards) / len(rewards)
+        if "truncated" in data[key]:
+            truncated = data[key]["truncated"]
+            log_dict[f"eval/{key}-truncated_ratio"] = sum(truncated) / len(truncated)
+        if getattr(args, "log_passrate", False):
+            rates = slime_pass_rate(rewards, args.n_samples_per_eval_prompt)
+            log_dict |= {f"eval/{key}-{name}": value for name, value in rates.items()}
+    logged.append(log_dict)
+    return logged
+
+
+def slime_pass_rate(flat_rewards: list[float], group_size: int) -> dict[str, float]:
+    """slime/observability/metric_utils.py, `compute_pass_rate` and `_estimate_pass_at_k`,
+    lines 14-56."""
+    import numpy as np
+
+    if group_size == 1:
+        return {}
+    num_groups = len(flat_rewards) // group_size
+    names = [2**i for i in range(int(math.log2(group_size)) + 1)]
+    assert len(flat_rewards) == num_groups * group_size
+    groups = np.array(flat_rewards).reshape(num_groups, group_size)
+
+    def estimator(n: int, c: int, k: int) -> float:
+        if n - c < k:
+            return 1.0
+        return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+    log_dict = {}
+    for k in names:
+        num_correct = np.sum(groups == 1, axis=1)
+        estimates = [estimator(group_size, int(c), k) for c in num_correct]
+        log_dict[f"pass@{k}"] = float(np.mean(estimates))
+    return log_dict

@@ -41,6 +41,7 @@ SLIME_SIDE = (
     "messages",
     "tool_errors",
     "group_rewards",
+    "eval_metrics",
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string

@@ -85,9 +85,10 @@ def keep_out_of_training(sample: Any) -> None:
     sample with `remove_sample` set (slime/ray/rollout.py, lines 680-681) and a zero mask adds
     nothing to the loss (slime/backends/megatron_utils/cp_utils.py, lines 73-81); the mask is
     zeroed here too, so the exclusion holds where `remove_sample` is not read (a custom
-    --custom-convert-samples-to-train-data-path, the local trainer). Its reward, 0, still
-    enters its group's mean (slime/utils/arguments.py, lines 1433-1437): deepdive.filters drops
-    such a group when the over-sampled batch has one to spare."""
+    --custom-convert-samples-to-train-data-path, the local trainer). Its reward, 0, is left
+    out of its group's mean and std (deepdive.group_rewards, slime's normalisation over the
+    answered episodes), and deepdive.filters drops such a group when the over-sampled batch
+    has one to spare."""
     sample.remove_sample = True
     sample.loss_mask = [0] * sample.response_length
 

@@ -16,30 +16,26 @@ its episodes aborted stops the run with SGLang's words and the count (`log_rollo
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
+from deepdive.eval_metrics import answered_view, has_aborted
+from deepdive.messages import most_said, one_line
 from deepdive.rollout_settings import arg_name, settings_from_args
 from deepdive.sample import status_name
+from deepdive.tool_errors import check_tool_error_share, tool_error_counts, tool_error_metrics
 from services.base.errors import DeepDiveError, UpstreamBadResponse
-from services.base.logs import log_event, redact
+from services.base.logs import log_event
 from services.http import UpstreamReply
 
 logger = logging.getLogger("deepdive.aborts")
 
-MESSAGE_CHARS = 1000  # an error that echoes the whole prompt stays readable and small
 _NOT_REFUSALS = frozenset({401, 402, 403, 429})  # the client's own rules: keys, rate limits
-
-
-def one_line(text: str, limit: int = MESSAGE_CHARS) -> str:
-    """`text` on one line (whitespace runs as one space), at most `limit` characters, secrets
-    redacted."""
-    flat = " ".join(redact(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _words(value: Any) -> str | None:
@@ -89,9 +85,10 @@ def keep_out_of_training(sample: Any) -> None:
     sample with `remove_sample` set (slime/ray/rollout.py, lines 680-681) and a zero mask adds
     nothing to the loss (slime/backends/megatron_utils/cp_utils.py, lines 73-81); the mask is
     zeroed here too, so the exclusion holds where `remove_sample` is not read (a custom
-    --custom-convert-samples-to-train-data-path, the local trainer). Its reward, 0, still
-    enters its group's mean (slime/utils/arguments.py, lines 1433-1437): deepdive.filters drops
-    such a group when the over-sampled batch has one to spare."""
+    --custom-convert-samples-to-train-data-path, the local trainer). Its reward, 0, is left
+    out of its group's mean and std (deepdive.group_rewards, slime's normalisation over the
+    answered episodes), and deepdive.filters drops such a group when the over-sampled batch
+    has one to spare."""
     sample.remove_sample = True
     sample.loss_mask = [0] * sample.response_length
 
@@ -118,11 +115,6 @@ def aborted_errors(samples: list[Any]) -> Counter[str]:
             error = stats.get("error") if isinstance(stats, dict) else None
             errors[str(error or "no error recorded")] += 1
     return errors
-
-
-def most_said(errors: Counter[str]) -> str:
-    """The three errors most aborted episodes ended on, most often first, with their counts."""
-    return "; ".join(f"[{count}x] {error}" for error, count in errors.most_common(3))
 
 
 # what to check when SGLang fails a rollout's episodes inside slime, and the setting
@@ -177,24 +169,50 @@ def log_rollout(
     """--custom-rollout-log-function-path: slime calls it with each rollout's samples before
     it logs them and before they train (slime/observability/rollout_metrics.py, lines
     256-260, from slime/ray/rollout.py, line 506, in RolloutManager.generate, whose error
-    train.py's ray.get raises: train.py, line 53). The aborted count and share join the
-    rollout's metrics, which slime logs next (lines 265-271); returns False so it does."""
+    train.py's ray.get raises: train.py, line 53). The aborted count and share, and the tool
+    calls that failed by kind (deepdive.tool_errors), join the rollout's metrics, which slime
+    logs next (lines 265-271); returns False so it does."""
     flat = _flat(samples)
-    limit = settings_from_args(args).max_aborted_share
+    settings = settings_from_args(args)
     aborted = sum(aborted_errors(flat).values())
     if isinstance(metrics, dict):
         metrics["rollout/deepdive/aborted"] = aborted
         metrics["rollout/deepdive/aborted_ratio"] = aborted / len(flat) if flat else 0.0
-    check_aborted_share(flat, limit, rollout_id)
+        metrics.update(tool_error_metrics(tool_error_counts(flat)))
+    check_aborted_share(flat, settings.max_aborted_share, rollout_id)
+    check_tool_error_share(flat, settings.max_tool_error_share, rollout_id)
     return False
 
 
-def log_eval_rollout(rollout_id: int, args: Any, data: Any, extra_metrics: Any) -> bool:
-    """--custom-eval-rollout-log-function-path: the same rule for each evaluation set
+def log_eval_rollout(
+    rollout_id: int,
+    args: Any,
+    data: Any,
+    extra_metrics: Any,
+    slime_log: Callable[[int, Any, Any, Any], Any] | None = None,
+) -> bool:
+    """--custom-eval-rollout-log-function-path: the same rules for each evaluation set
     (slime/observability/rollout_metrics.py, lines 223-227): an eval mostly aborted measures
-    SGLang, not the policy. Returns False: slime logs the evaluation as usual."""
-    limit = settings_from_args(args).max_aborted_share
+    SGLang, not the policy, and one whose tools mostly failed measures the tools. Without an
+    aborted episode it returns False: slime logs the evaluation as usual. With one, the
+    evaluation is logged here, by slime's own `log_eval_rollout_data` (or `slime_log`, its
+    stand-in where slime is not installed), over the answered episodes with the aborted count
+    beside (deepdive.eval_metrics), and it returns True so slime does not log it again."""
+    settings = settings_from_args(args)
     for name, result in (data or {}).items():
         samples = _flat(result.get("samples") or []) if isinstance(result, dict) else []
-        check_aborted_share(samples, limit, rollout_id, str(name))
-    return False
+        check_aborted_share(samples, settings.max_aborted_share, rollout_id, str(name))
+        check_tool_error_share(samples, settings.max_tool_error_share, rollout_id, str(name))
+    if not has_aborted(data):
+        return False
+    answered, metrics, quiet = answered_view(args, data, extra_metrics)
+    log = slime_log if slime_log is not None else _slime_eval_log()
+    log(rollout_id, quiet, answered, metrics)
+    return True
+
+
+def _slime_eval_log() -> Callable[[int, Any, Any, Any], Any]:
+    """slime's own eval logging (inside slime's rollout manager, where slime imports)."""
+    module = importlib.import_module("slime.observability.rollout_metrics")
+    log: Callable[[int, Any, Any, Any], Any] = module.log_eval_rollout_data
+    return log

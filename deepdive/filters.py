@@ -16,7 +16,8 @@ replaced.
 Each of them first drops a group with an ABORTED sample, but only while the over-sampled batch
 has a group to spare (`keep_when_insufficient`; slime counts the drops as
 `rollout/dynamic_filter/drop_aborted`): the aborted sample trains no token
-(deepdive.aborts), yet its reward 0 sits in its group's mean. Never more than that: a group
+(deepdive.aborts) and its reward 0 is out of its group's mean (deepdive.group_rewards), yet
+the group trains on fewer answers than its size. Never more than that: a group
 dropped outright makes slime sample another round (lines 407-411), and with SGLang refusing
 every request every group aborts, so the rollout sampled forever instead of ending and
 stopping the run on its aborted share (deepdive.aborts.log_rollout).

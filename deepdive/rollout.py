@@ -6,7 +6,8 @@ tokens are never re-tokenised), stop at the end of a tool call, parse it with th
 protocol, run it on the tool server (on the one worker of one node's tool server that the
 episode's prompt picks: deepdive.routing), and append the observation as tokens with loss mask 0
 and log-probability 0.0. Each turn's max_new_tokens shrinks so prompt + response never exceed the
-context. `finish` ends the episode.
+context, and an episode whose next input SGLang's scheduler would abort (context - 6 tokens and
+more) ends TRUNCATED first. `finish` ends the episode.
 
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
 FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections import Counter
@@ -35,26 +35,46 @@ from typing import Any
 
 from deepdive.aborts import abort_reason, keep_out_of_training, sglang_refusal
 from deepdive.clients import service_client
+from deepdive.messages import one_line
 from deepdive.observation_tokens import observation_tokens
 from deepdive.protocol import (
     BROWSING_TOOLS,
     FINISH,
     TOOL_CALL_CLOSE,
+    TOOL_SERVER_FAILED,
+    Failure,
+    RewardReply,
+    RewardRequest,
     ToolCall,
+    ToolReply,
+    ToolRequest,
     find_tool_calls,
     format_observation,
+    reward_labels,
 )
 from deepdive.rollout_modes import refuse_unsupported_modes
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
 from deepdive.routing import node_for, tool_worker_for
 from deepdive.sample import status_name, status_of
 from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
+from deepdive.tool_errors import TOOL_ERROR_CHARS
 from deepdive.top_p import TopPSpans, requested, turn_spans
-from services.base.errors import ConfigError, DeepDiveError, UpstreamBadResponse, UpstreamError
+from services.base.errors import (
+    ConfigError,
+    DeepDiveError,
+    RequestError,
+    UpstreamBadResponse,
+    UpstreamError,
+)
 from services.base.logs import log_event
 from services.http import Upstream, decode_json_object
 
 logger = logging.getLogger("deepdive.rollout")
+# SGLang's scheduler aborts an input of max_req_input_len = max_req_len - 5 tokens or more,
+# max_req_len = min(context_len - 1, the KV pool - 1) (python/sglang/srt/managers/scheduler.py
+# and utils.py `validate_input_length`, 0.5.15.post1): the longest input it serves is
+# context - 7 tokens. An episode stops before it (TRUNCATED), never sent to be ABORTED.
+SGLANG_INPUT_RESERVE = 6
 _TOKENIZERS: dict[str, Any] = {}
 
 
@@ -92,9 +112,15 @@ def render_prompt(sample: Any, tokenizer: Any) -> str:
     )
 
 
-def remote_env_info(sample: Any) -> dict[str, Any]:
+def forbidden_texts(sample: Any) -> tuple[str, ...]:
+    """The texts the tool server's leakage filter and the reward's question come from (the
+    row's metadata.remote_env_info.forbidden_texts, as `deepdive convert` writes it); a value
+    of another shape is sent as it is, for the servers to refuse by name."""
     env = (sample.metadata or {}).get("remote_env_info") or {}
-    return env if isinstance(env, dict) else {}
+    texts = env.get("forbidden_texts") if isinstance(env, dict) else None
+    if not texts:
+        return ()
+    return tuple(texts) if isinstance(texts, list | tuple) else (texts,)
 
 
 @dataclass
@@ -139,18 +165,38 @@ class Trajectory:
         return len(self.tokens)
 
 
+_TOOL_ERROR_WORDS = 3  # distinct messages kept per episode: what the tools said, not a log
+
+
 @dataclass
 class RolloutStats:
+    """An episode's statistics, kept in sample.metadata["deepdive"]. `tool_errors` counts the
+    tool calls that failed, by kind (deepdive.protocol.TOOL_ERROR_KINDS; the model's own
+    mistakes are none), and `tool_error_words` what the tools said, by message."""
+
     turns: int = 0
     tool_calls: Counter[str] = field(default_factory=Counter)
     generation_s: float = 0.0
     tool_s: float = 0.0
     error: str | None = None
+    tool_errors: Counter[str] = field(default_factory=Counter)
+    tool_error_words: Counter[str] = field(default_factory=Counter)
+
+    def count_tool_error(self, reply: ToolReply) -> None:
+        kind = reply.error_kind
+        if kind is None or reply.error is None:
+            return
+        self.tool_errors[kind] += 1
+        said = one_line(reply.error.message, TOOL_ERROR_CHARS)
+        if said in self.tool_error_words or len(self.tool_error_words) < _TOOL_ERROR_WORDS:
+            self.tool_error_words[said] += 1
 
     def as_dict(self, evaluation: bool) -> dict[str, Any]:
         return {
             "turns": self.turns,
             "tool_calls": dict(self.tool_calls),
+            "tool_errors": dict(self.tool_errors),
+            "tool_error_words": dict(self.tool_error_words),
             "error": self.error,
             "generation_s": round(self.generation_s, 4),
             "tool_s": round(self.tool_s, 4),
@@ -211,29 +257,33 @@ async def generate_turn(
 
 
 async def call_tool(
-    settings: RolloutSettings, tool_url: str, session_id: str, call: ToolCall, env: dict[str, Any]
-) -> str:
-    """The observation for one tool call, from the episode's tool server worker at `tool_url`;
-    a failing tool server becomes an observation too. Raises ConfigError where the URL is not
-    our tool server's (a 404/405, or its check)."""
+    settings: RolloutSettings,
+    tool_url: str,
+    session_id: str,
+    call: ToolCall,
+    forbidden: tuple[str, ...],
+) -> ToolReply:
+    """The tool server's reply to one tool call, from the episode's tool server worker at
+    `tool_url`; a failing tool server becomes a reply too (its error of kind tool_server).
+    Raises ConfigError where the URL is not our tool server's (a 404/405, or its check)."""
     client = await checked_client(TOOL_SERVER, tool_url, settings.tool_timeout_s, settings.retries)
-    payload = {
-        "session_id": session_id,
-        "name": call.name,
-        "arguments": call.arguments,
-        "remote_env_info": env,
-    }
+    request = ToolRequest(session_id, call.name, call.arguments, forbidden)
     try:  # the client ends every attempt, and every backoff, by the deadline
         reply = await client.send(
-            "POST", "/tool", json=payload, deadline=time.monotonic() + settings.tool_timeout_s
+            "POST",
+            "/tool",
+            json=request.as_json(),
+            deadline=time.monotonic() + settings.tool_timeout_s,
         )
-        body = decode_json_object(reply.content, "tool_server")
-        observation = body.get("observation", body.get("output", ""))
-        return observation if isinstance(observation, str) else str(observation)
+        return ToolReply.parse(decode_json_object(reply.content, "tool_server"))
     except ConfigError:
         raise  # a wrong URL: the run stops
     except DeepDiveError as error:
-        return f"The tool server could not run {call.name} ({error.message}). Try again or use another tool."
+        return ToolReply(
+            f"The tool server could not run {call.name} ({error.message}). Try again or use "
+            "another tool.",
+            Failure(TOOL_SERVER_FAILED, error.message),
+        )
 
 
 _CLOSE_TIMEOUT_S = 5.0
@@ -245,7 +295,7 @@ async def close_session(settings: RolloutSettings, tool_url: str, session_id: st
     than at expiry. Best effort and brief: a failure is logged by the client and never touches
     the sample."""
     short = replace(settings, tool_timeout_s=min(settings.tool_timeout_s, _CLOSE_TIMEOUT_S))
-    await call_tool(short, tool_url, session_id, _CLOSE_SESSION, {})
+    await call_tool(short, tool_url, session_id, _CLOSE_SESSION, ())
 
 
 async def generate_with_tool(
@@ -272,7 +322,7 @@ async def generate_with_tool(
     # every call of the episode goes to one worker of one node, the one its prompt picks
     # (deepdive.routing): a group's samples share theirs
     tool_url = tool_worker_for(prompt_text, settings.tool_server_nodes)
-    env = remote_env_info(sample)
+    forbidden = forbidden_texts(sample)
     stats = RolloutStats()
     response_budget = int(sampling_params.get("max_new_tokens") or settings.max_context_tokens)
     stops = sampling_params.get("stop") or []
@@ -282,6 +332,7 @@ async def generate_with_tool(
         "stop": list(dict.fromkeys([*stops, TOOL_CALL_CLOSE])),
         "no_stop_trim": True,
     }
+    longest_input = settings.max_context_tokens - 1 - SGLANG_INPUT_RESERVE
     status = "TRUNCATED"
     while True:
         if stats.turns >= settings.max_turns:
@@ -291,7 +342,7 @@ async def generate_with_tool(
             response_budget - trajectory.response_length,
             settings.max_context_tokens - trajectory.length,
         )
-        if max_new <= 0:
+        if max_new <= 0 or trajectory.length > longest_input:
             stats.error = "context_limit"
             break
         started = time.monotonic()
@@ -343,11 +394,13 @@ async def generate_with_tool(
         else:
             stats.tool_calls[found.call.name] += 1
             started = time.monotonic()
-            observation = await call_tool(settings, tool_url, session_id, found.call, env)
+            reply = await call_tool(settings, tool_url, session_id, found.call, forbidden)
             stats.tool_s += time.monotonic() - started
+            stats.count_tool_error(reply)
+            observation = reply.observation
         text = format_observation(observation)
         ids = observations.ids(text)
-        if trajectory.length + len(ids) >= settings.max_context_tokens:
+        if trajectory.length + len(ids) > longest_input:
             stats.error = "context_limit"
             break
         trajectory.add_observation(ids, text)
@@ -409,16 +462,18 @@ def _finish_sample(
     return sample
 
 
-def _reward_payload(sample: Any) -> dict[str, Any]:
+def reward_request(sample: Any) -> RewardRequest:
+    """What the reward server judges of an episode: its trajectory, the label with the row's
+    aliases, whether it finished, and the forbidden texts (the question). Raises RequestError
+    for a label that is neither text nor a number (the server would refuse it)."""
     metadata = sample.metadata or {}
-    aliases = metadata.get("aliases") or []
-    return {
-        "prompt": sample.prompt,
-        "response": sample.response,
-        "label": {"answer": sample.label, "aliases": list(aliases)},
-        "task_unfinished": status_name(sample) != "COMPLETED",
-        "remote_env_info": remote_env_info(sample),
-    }
+    return RewardRequest(
+        sample.response,
+        reward_labels(sample.label, metadata.get("aliases")),
+        client_unfinished=status_name(sample) != "COMPLETED",
+        prompt=sample.prompt,
+        forbidden_texts=forbidden_texts(sample),
+    )
 
 
 def reward_shaped(args: Any, value: float) -> Any:
@@ -442,31 +497,32 @@ async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
     other rewards. Raises only ConfigError: a URL that is not our reward server's.
     """
     samples = sample if isinstance(sample, list) else [sample]
-    rewards = [0.0] * len(samples)
-    pending = [i for i, s in enumerate(samples) if status_name(s) != "ABORTED" and s.label]
+    replies = [RewardReply.failed("not_judged", "aborted or unlabelled")] * len(samples)
+    requests: dict[int, RewardRequest] = {}
     for i, s in enumerate(samples):
-        if i not in pending:
-            s.metadata = {
-                **(s.metadata or {}),
-                "reward_details": {"reward": 0, "error": "aborted or unlabelled"},
-            }
-    if pending:
+        if status_name(s) != "ABORTED" and s.label:
+            try:
+                requests[i] = reward_request(s)
+            except RequestError as error:
+                replies[i] = RewardReply.failed(error.code, f"the sample's {error.message}")
+    if requests:
         settings = settings_from_args(args)
         by_node: dict[str, list[int]] = {}
-        for i in pending:
+        for i in requests:
             url = node_for(_routing_text(samples[i]), settings.reward_server_urls)
             by_node.setdefault(url, []).append(i)
         answers = await asyncio.gather(
             *(
-                _node_rewards(settings, url, [samples[i] for i in indices])
+                _node_rewards(settings, url, [requests[i] for i in indices])
                 for url, indices in by_node.items()
             )
         )
         for indices, results in zip(by_node.values(), answers, strict=True):
             for i, result in zip(indices, results, strict=True):
-                rewards[i] = _reward_value(result)
-                samples[i].metadata = {**(samples[i].metadata or {}), "reward_details": result}
-    shaped = [reward_shaped(args, reward) for reward in rewards]
+                replies[i] = result
+    for s, reply in zip(samples, replies, strict=True):
+        s.metadata = {**(s.metadata or {}), "reward_details": reply.as_json()}
+    shaped = [reward_shaped(args, float(reply.reward)) for reply in replies]
     return shaped if isinstance(sample, list) else shaped[0]
 
 
@@ -477,18 +533,20 @@ def _routing_text(sample: Any) -> str:
     return prompt if isinstance(prompt, str) else repr(prompt)
 
 
-async def _node_rewards(settings: RolloutSettings, url: str, samples: list[Any]) -> list[Any]:
-    """The reward server at `url`'s answers for `samples`: one batch call, or, when it fails,
-    one call per sample. Raises only ConfigError."""
+async def _node_rewards(
+    settings: RolloutSettings, url: str, requests: list[RewardRequest]
+) -> list[RewardReply]:
+    """The reward server at `url`'s answers for `requests`: one batch call, or, when it fails,
+    one call per request. Raises only ConfigError."""
     client = await checked_client(REWARD_SERVER, url, settings.reward_timeout_s, settings.retries)
-    payloads = [_reward_payload(s) for s in samples]
+    payloads = [request.as_json() for request in requests]
     try:
         results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
     except ConfigError:
         raise  # a wrong URL: the run stops
     except DeepDiveError as error:
         log_event(
-            logger, "reward_failed", logging.WARNING, error=error.message, samples=len(samples)
+            logger, "reward_failed", logging.WARNING, error=error.message, samples=len(requests)
         )
         results = [_error_result(error)] if len(payloads) == 1 else []
     if not results:  # the batch failed: each sample on its own
@@ -502,35 +560,27 @@ async def _node_rewards(settings: RolloutSettings, url: str, samples: list[Any])
 
 async def _evaluate_batch(
     client: Upstream, payloads: list[dict[str, Any]], timeout_s: float
-) -> list[Any]:
+) -> list[RewardReply]:
     reply = await client.send(
         "POST", "/evaluate/batch", json=payloads, deadline=time.monotonic() + timeout_s
     )
     results = decode_json_object(b'{"items": ' + reply.content + b"}", "reward_server")["items"]
     if not isinstance(results, list) or len(results) != len(payloads):
         raise UpstreamBadResponse("reward_server", "the batch reply does not match the request")
-    return results
+    return [RewardReply.parse(result) for result in results]
 
 
-async def _evaluate_one(client: Upstream, payload: dict[str, Any], timeout_s: float) -> Any:
+async def _evaluate_one(client: Upstream, payload: dict[str, Any], timeout_s: float) -> RewardReply:
     try:
         reply = await client.send(
             "POST", "/evaluate", json=payload, deadline=time.monotonic() + timeout_s
         )
-        return decode_json_object(reply.content, "reward_server")
+        return RewardReply.parse(decode_json_object(reply.content, "reward_server"))
     except ConfigError:
         raise
     except DeepDiveError as error:
         return _error_result(error)
 
 
-def _error_result(error: DeepDiveError) -> dict[str, Any]:
-    return {"reward": 0, "error": {"code": error.code, "message": error.message}}
-
-
-def _reward_value(result: Any) -> float:
-    """The reward in a server's answer; anything but a finite number is 0.0 (never a crash)."""
-    reward = result.get("reward") if isinstance(result, dict) else None
-    if isinstance(reward, bool) or not isinstance(reward, int | float):
-        return 0.0
-    return float(reward) if math.isfinite(reward) else 0.0
+def _error_result(error: DeepDiveError) -> RewardReply:
+    return RewardReply.failed(error.code, error.message)

@@ -40,6 +40,8 @@ REWARD_FUNCTION_PATH = "deepdive.rollout.reward_func"
 # ... and --custom-rollout-log-function-path, --custom-eval-rollout-log-function-path
 ROLLOUT_LOG_FUNCTION_PATH = "deepdive.aborts.log_rollout"
 EVAL_LOG_FUNCTION_PATH = "deepdive.aborts.log_eval_rollout"
+# ... and --custom-reward-post-process-path: slime's group normalisation over answered episodes
+REWARD_POST_PROCESS_PATH = "deepdive.group_rewards.post_process_rewards"
 # The tokenizer object the local backend hands the rollout (slime's hook loads hf_checkpoint's).
 TOKENIZER_ARG = "deepdive_tokenizer"
 _PREFIX = "deepdive_"
@@ -79,6 +81,12 @@ class RolloutKnobs:
                         rollout with more of its episodes ABORTED stops the run
                         (deepdive.aborts), since SGLang is failing, not the policy; 1 never
                         stops
+    max_tool_error_share 0.5, ours (DeepDive turns a failed tool call into an observation and
+                        trains on): a rollout with more of its tool calls (search, click,
+                        open) failed by the infrastructure (deepdive.protocol.TOOL_ERROR_KINDS:
+                        an upstream unavailable, a rate limit, a key refused, a deadline)
+                        stops the run (deepdive.tool_errors); a compute node without internet
+                        fails them all; 1 never stops
     """
 
     # how a key is named in an error: the `args` name here; a table embedding the knobs
@@ -92,6 +100,7 @@ class RolloutKnobs:
     generate_timeout_s: float = 1800.0
     retries: int = 4
     max_aborted_share: float = 0.5
+    max_tool_error_share: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "tool_timeout_s", "reward_timeout_s", "generate_timeout_s"):
@@ -104,11 +113,12 @@ class RolloutKnobs:
             raise ConfigError(
                 f"{self.KEYS}retries: expected a whole number >= 0, got {self.retries!r}"
             )
-        share = self.max_aborted_share
-        if not (isinstance(share, int | float) and not isinstance(share, bool) and 0 <= share <= 1):
-            raise ConfigError(
-                f"{self.KEYS}max_aborted_share: expected a share from 0 to 1, got {share!r}"
-            )
+        for name in ("max_aborted_share", "max_tool_error_share"):
+            share = getattr(self, name)
+            if not (
+                isinstance(share, int | float) and not isinstance(share, bool) and 0 <= share <= 1
+            ):
+                raise ConfigError(f"{self.KEYS}{name}: expected a share from 0 to 1, got {share!r}")
 
     def knobs(self) -> RolloutKnobs:
         """The knobs alone (a table that embeds them carries keys of its own)."""

@@ -67,6 +67,10 @@ class FakeSGLang:
     # when set, each turn is chosen from the text so far (prompt and turns), not popped from
     # `script`: episodes played at once each follow their own script
     choose: Callable[[str], ScriptedTurn] | None = None
+    # when set, the context SGLang serves, with its bounds: the scheduler aborts an input of
+    # max_req_input_len = min(context - 1, pool - 1) - 5 tokens or more (the pool taken as
+    # large), and the tokenizer manager refuses input + max_new_tokens over the context (400)
+    context_length: int | None = None
 
     def app(self) -> Starlette:
         tokenizer = ByteTokenizer()
@@ -76,6 +80,9 @@ class FakeSGLang:
             self.requests.append({**body, "routing_key": request.headers.get("x-smg-routing-key")})
             if self.on_request is not None:
                 self.on_request(len(self.requests))
+            refused = self._over_context(body)
+            if refused is not None:
+                return refused
             if self.choose is not None:
                 turn = self.choose(tokenizer.decode(body["input_ids"]))
             else:
@@ -123,4 +130,36 @@ class FakeSGLang:
 
         return Starlette(
             routes=[Route("/generate", generate, methods=["POST"]), Route("/health", health)]
+        )
+
+    def _over_context(self, body: dict[str, Any]) -> Response | None:
+        """SGLang's answer to a request past `context_length`, or None when it is served."""
+        if self.context_length is None:
+            return None
+        length = len(body["input_ids"])
+        wanted = length + int(body["sampling_params"].get("max_new_tokens") or 0)
+        if wanted > self.context_length:
+            message = (
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_length} tokens. You requested a total of {wanted} tokens."
+            )
+            return Response(
+                orjson.dumps({"error": {"message": message}}),
+                status_code=400,
+                media_type="application/json",
+            )
+        bound = self.context_length - 1 - 5
+        if length < bound:
+            return None
+        message = (
+            f"Input length ({length} tokens) exceeds the maximum allowed length ({bound} "
+            "tokens). Use a shorter input or enable --allow-auto-truncate."
+        )
+        meta = {
+            "finish_reason": {"type": "abort", "message": message},
+            "output_token_logprobs": [],
+            "prompt_tokens": length,
+        }
+        return Response(
+            orjson.dumps({"text": "", "meta_info": meta}), media_type="application/json"
         )

@@ -2,7 +2,10 @@
 a Serper-compatible search API (POST /search) and an OpenAI-compatible judge
 (POST /v1/chat/completions, which grades "Paris" correct and anything else wrong).
 
-Run: python -m fakes.upstream --port 9100 --latency 0.05
+With `fail_share`, that share of the search calls fail with Serper's 503, spread evenly over
+the calls in order (0.6: calls 2, 4, 5 of every five): a search API that is mostly down.
+
+Run: python -m fakes.upstream --port 9100 --latency 0.05 [--fail-share 0.6]
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from fakes.serving import serve_fake
 CORPUS_PAGES = 200
 
 
-def create_app(latency_s: float) -> Starlette:
+def create_app(latency_s: float, fail_share: float = 0.0) -> Starlette:
     calls: list[str] = []
     concurrency = {"active": 0, "peak": 0}
 
@@ -43,7 +46,11 @@ def create_app(latency_s: float) -> Starlette:
     async def search(request: Request) -> Response:
         query = orjson.loads(await request.body())["q"]
         calls.append(query)
+        n = len(calls)  # this call's number, before another call can arrive
         await asyncio.sleep(latency_s)
+        if int(n * fail_share) > int((n - 1) * fail_share):
+            unavailable = {"message": "Service temporarily unavailable", "statusCode": 503}
+            return Response(orjson.dumps(unavailable), 503, media_type="application/json")
         organic = [
             {
                 "title": f"{query} result {i}",
@@ -87,8 +94,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--fail-share", type=float, default=0.0)
     args = parser.parse_args()
-    serve_fake(create_app(args.latency), args.port)
+    serve_fake(create_app(args.latency, args.fail_share), args.port)
 
 
 if __name__ == "__main__":

@@ -29,26 +29,6 @@ from services.metrics import ServiceMetrics
 logger = logging.getLogger("deepdive.web")
 
 
-MISSING: Any = object()  # a field the client did not send, told apart from an explicit null
-
-
-def json_kind(value: Any) -> str:
-    """How an error message names the JSON type a client sent."""
-    if value is MISSING:
-        return "nothing (the field is missing)"
-    if value is None:
-        return "null"
-    names = {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-    }
-    return names.get(type(value), type(value).__name__)
-
-
 def json_bytes(content: Any) -> bytes:
     """Every JSON body a service sends is made here, so this is where secrets are taken out:
     an upstream can echo a key back into an observation, a judge's reason or an error message,

@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from deepdive.eval_metrics import answered_accuracy
 from deepdive.sample import status_name
 
 
@@ -43,8 +44,10 @@ def _reason(error: Any) -> str:
 
 
 def summarize(rows: list[dict[str, Any]], samples: int) -> dict[str, Any]:
-    """accuracy: the mean reward over every sample (mean pass@1); pass@K: questions with at
-    least one rewarded sample; turns and tool calls per episode; why episodes did not finish."""
+    """accuracy: the mean reward over the episodes the engine answered (mean pass@1; an ABORTED
+    episode is no answer: `aborted` counts them beside it, `accuracy_all_episodes` is the mean
+    over every episode); pass@K: questions with at least one rewarded sample; turns and tool
+    calls per episode; why episodes did not finish."""
     by_question: dict[Any, list[float]] = {}
     for row in rows:
         by_question.setdefault(row["id"], []).append(row["reward"])
@@ -56,13 +59,16 @@ def summarize(rows: list[dict[str, Any]], samples: int) -> dict[str, Any]:
         "questions": len(by_question),
         "episodes": len(rows),
         "samples_per_question": samples,
-        "accuracy": sum(row["reward"] for row in rows) / count,
+        "accuracy": answered_accuracy(
+            [row["reward"] for row in rows], [row["status"] for row in rows]
+        )[0],
+        "accuracy_all_episodes": sum(row["reward"] for row in rows) / count,
         f"pass_at_{samples}": sum(1 for r in by_question.values() if max(r) > 0)
         / max(1, len(by_question)),
         "turns_mean": sum(row["turns"] for row in rows) / count,
         "tool_calls_mean": {name: n / count for name, n in sorted(calls.items())},
         "statuses": dict(Counter(row["status"] for row in rows)),
-        # SGLang refused or failed these: no answer, scored 0 above (deepdive.aborts)
+        # SGLang refused or failed these: no answer, left out of the accuracy (deepdive.aborts)
         "aborted": sum(1 for row in rows if row["status"] == "ABORTED"),
         "failure_reasons": dict(
             Counter(_reason(row["error"]) for row in rows if row["error"]).most_common()

@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from deepdive.aborts import aborted_errors, most_said
+from deepdive.aborts import aborted_errors
+from deepdive.messages import most_said
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from services.base.errors import ConfigError, RuntimeFailure
 from services.base.files import atomic_write_bytes
@@ -36,7 +37,7 @@ from slurm.eval_report import episode_row, print_table, summarize
 
 # an evaluation mostly ABORTED measures SGLang, not the checkpoint: its accuracy is no figure
 EVAL_HINTS = (
-    "Its accuracy counts them as wrong answers: it measures the engine, not the checkpoint. "
+    "Its accuracy is over the few episodes left: it measures the engine, not the checkpoint. "
     "Check the engine's log in the eval folder's logs/ (a context too long for the model, "
     "--rollout-top-p below 1 on an SGLang without slime's patch, an engine that died). The "
     "limit is the backend's max_aborted_share (slime.deepdive or local.rollout)."
@@ -160,7 +161,8 @@ def evaluate(
             aborted = summaries[checkpoint.name]["aborted"]
             console.print(
                 f"{checkpoint.name}: accuracy {summaries[checkpoint.name]['accuracy']:.3f} "
-                f"over {len(episodes)} episodes" + (f", {aborted} ABORTED" if aborted else "")
+                f"over {len(episodes) - aborted} episodes"
+                + (f" ({aborted} ABORTED, not counted)" if aborted else "")
             )
             refusal = too_many_aborted(checkpoint.name, played, training.knobs.max_aborted_share)
             if refusal:

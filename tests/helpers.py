@@ -4,6 +4,8 @@ the rollout's services and arguments. Fixtures stay in conftest.py; fakes live i
 from __future__ import annotations
 
 import asyncio
+import importlib
+import math
 import re
 import subprocess
 import sys
@@ -303,3 +305,88 @@ def slime_overrides(world: dict[str, Path], *extra: str) -> list[str]:
 def slime_recipe(world: dict[str, Path], *extra: str) -> ExperimentConfig:
     """The recipe loaded over `world`, with `extra` overrides."""
     return load_experiment(SLIME_RECIPE, slime_overrides(world, *extra))
+
+
+# -- slime's rollout log path, for the rollout log functions it loads by path --
+
+
+def load_function(path: str) -> Any:
+    """slime/utils/misc.py, `load_function`, lines 39-48."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def slime_log_rollout_data(
+    rollout_id: int, args: Namespace, samples: list[Any], extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What slime does with a rollout before it trains on it (slime/observability/
+    rollout_metrics.py, `log_rollout_data`, lines 256-271): the custom function first, which
+    skips the rest by answering True; then the rollout's extra metrics are logged, with
+    slime's own. An exception goes up through RolloutManager.generate (slime/ray/rollout.py,
+    line 506) to train.py's ray.get (train.py, line 53): the run stops."""
+    custom = load_function(args.custom_rollout_log_function_path)
+    if custom(rollout_id, args, samples, extra, 12.5):
+        return {}
+    return {**(extra or {})}
+
+
+def slime_log_eval_rollout_data(
+    rollout_id: int,
+    args: Namespace,
+    data: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    logged: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-250 (its
+    extra metrics are None after slime's own eval rollout, lines 476-486), without the
+    per-sample metrics (`compute_metrics_from_samples`) and the logging backend: the custom
+    function first, which skips the rest by answering True; then each set's mean reward, its
+    truncated share and, with --log-passrate, its pass@k. What it logs is appended to `logged`
+    and returned. Our eval log function logs through slime's own function, which it imports
+    inside slime; here it is handed this one (`slime_log`), slime not being installable."""
+    logged = [] if logged is None else logged
+
+    def slime_log(rollout: int, args: Any, data: Any, extra: Any) -> None:
+        slime_log_eval_rollout_data(rollout, args, data, extra, logged)
+
+    if args.custom_eval_rollout_log_function_path is not None:
+        custom = load_function(args.custom_eval_rollout_log_function_path)
+        if custom(rollout_id, args, data, extra, slime_log=slime_log):
+            return logged
+    log_dict = extra or {}
+    for key in data:
+        rewards = data[key]["rewards"]
+        log_dict[f"eval/{key}"] = sum(rewards) / len(rewards)
+        if "truncated" in data[key]:
+            truncated = data[key]["truncated"]
+            log_dict[f"eval/{key}-truncated_ratio"] = sum(truncated) / len(truncated)
+        if getattr(args, "log_passrate", False):
+            rates = slime_pass_rate(rewards, args.n_samples_per_eval_prompt)
+            log_dict |= {f"eval/{key}-{name}": value for name, value in rates.items()}
+    logged.append(log_dict)
+    return logged
+
+
+def slime_pass_rate(flat_rewards: list[float], group_size: int) -> dict[str, float]:
+    """slime/observability/metric_utils.py, `compute_pass_rate` and `_estimate_pass_at_k`,
+    lines 14-56."""
+    import numpy as np
+
+    if group_size == 1:
+        return {}
+    num_groups = len(flat_rewards) // group_size
+    names = [2**i for i in range(int(math.log2(group_size)) + 1)]
+    assert len(flat_rewards) == num_groups * group_size
+    groups = np.array(flat_rewards).reshape(num_groups, group_size)
+
+    def estimator(n: int, c: int, k: int) -> float:
+        if n - c < k:
+            return 1.0
+        return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+    log_dict = {}
+    for k in names:
+        num_correct = np.sum(groups == 1, axis=1)
+        estimates = [estimator(group_size, int(c), k) for c in num_correct]
+        log_dict[f"pass@{k}"] = float(np.mean(estimates))
+    return log_dict

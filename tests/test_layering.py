@@ -38,6 +38,10 @@ SLIME_SIDE = (
     "routing",
     "aborts",
     "rollout_modes",
+    "messages",
+    "tool_errors",
+    "group_rewards",
+    "eval_metrics",
 )
 ENVIRONMENT_MODULE = "slurm/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string

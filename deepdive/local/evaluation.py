@@ -1,17 +1,20 @@
 """Held-out evaluation: the mean reward of each set of questions, through the same hooks and
-services GRPO uses, before and after training."""
+services GRPO uses, before and after training; over the episodes the engine answered, with the
+aborted ones counted beside it (deepdive.eval_metrics: an aborted episode is no wrong answer)."""
 
 from __future__ import annotations
 
+from deepdive.eval_metrics import answered_accuracy
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import Evaluation, sampling_params
 from deepdive.local.rollouts import Rollouts
+from deepdive.sample import status_name
 
 
 def evaluate(
     run: RunContext, rollouts: Rollouts, evaluations: list[Evaluation], when: str
 ) -> dict[str, float]:
-    """The mean reward of each evaluation's questions x eval.samples."""
+    """The mean reward of each evaluation's questions x eval.samples, over the answered ones."""
     temperature = run.config.eval.temperature
     values = {}
     for evaluation in evaluations:
@@ -25,10 +28,13 @@ def evaluate(
             sampling_params(run.config, temperature),
             seed,
         )
-        value = sum(float(s.reward) for s in samples) / max(1, len(samples))
+        value, aborted = answered_accuracy(
+            [float(s.reward) for s in samples], [status_name(s) for s in samples]
+        )
         values[evaluation.name] = value
+        left_out = f", {aborted} of {len(samples)} ABORTED, not counted" if aborted else ""
         run.say(
             f"{evaluation.name} reward {when}: {value:.3f} ({len(evaluation.rows)} questions "
-            f"x {run.config.eval.samples}, temperature {temperature})"
+            f"x {run.config.eval.samples}, temperature {temperature}{left_out})"
         )
     return values

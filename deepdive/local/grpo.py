@@ -3,7 +3,9 @@
 - Advantages (slime's `_post_process_rewards` with `--advantage-estimator grpo`, rewards
   normalised by default: `--disable-rewards-normalization` turns that off): per prompt group,
   r - mean(r), divided by std(r) + 1e-6 (slime's default; `--disable-grpo-std-normalization`
-  keeps r - mean(r)), where std is torch's unbiased one. Every
+  keeps r - mean(r)), where std is torch's unbiased one; mean and std over the episodes the
+  engine answered, as the slime backend's --custom-reward-post-process-path does
+  (deepdive.group_rewards). Every
   response token of a sample gets its sample's advantage (slime's `get_grpo_returns`).
 - Policy loss (`compute_policy_loss`): ratio = exp(logp - logp_old); the PPO-clip objective
   max(-ratio * A, -clip(ratio, 1 - eps, 1 + eps_high) * A) on loss-mask-1 tokens.
@@ -22,22 +24,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-STD_EPSILON = 1e-6
+from deepdive.group_rewards import normalised_rewards
 
 
 def group_advantages(
-    rewards: Sequence[float], group_size: int, normalize_std: bool = True
+    rewards: Sequence[float],
+    group_size: int,
+    normalize_std: bool = True,
+    answered: Sequence[bool] | None = None,
 ) -> list[float]:
-    """One advantage per sample; samples of a group are contiguous, as slime orders them."""
-    import torch
-
-    if group_size < 1 or len(rewards) % group_size:
-        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
-    grouped = torch.tensor(list(rewards), dtype=torch.float).reshape(-1, group_size)
-    centred = grouped - grouped.mean(dim=-1, keepdim=True)
-    if normalize_std and group_size > 1:
-        centred = centred / (centred.std(dim=-1, keepdim=True) + STD_EPSILON)
-    return [float(value) for value in centred.flatten()]
+    """One advantage per sample; samples of a group are contiguous, as slime orders them. The
+    mean and std are over the `answered` samples (default all): an ABORTED episode's reward is
+    no answer (deepdive.group_rewards, the arithmetic slime's hook uses)."""
+    kept = [True] * len(rewards) if answered is None else list(answered)
+    return normalised_rewards(rewards, kept, group_size, normalize_std and group_size > 1)
 
 
 @dataclass(frozen=True)

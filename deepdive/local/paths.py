@@ -12,7 +12,7 @@ from deepdive.local.config import LocalRunConfig
 from services.base.errors import ConfigError
 
 # What a resumed run may change; any other change makes it a different run. The rollout's
-# timeouts, retries and abort limit bound how services are waited for, not what is learnt.
+# timeouts, retries and abort and tool-error limits bound how services are waited for, not what is learnt.
 RESUMABLE_KEYS = {
     "grpo.steps",
     "checkpoint.every",
@@ -24,6 +24,7 @@ RESUMABLE_KEYS = {
     "rollout.generate_timeout_s",
     "rollout.retries",
     "rollout.max_aborted_share",
+    "rollout.max_tool_error_share",
 }
 RESUMABLE_SECTIONS = {"eval"}
 

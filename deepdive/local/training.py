@@ -23,12 +23,19 @@ from deepdive.local.rollouts import Rollouts
 from deepdive.local.run_log import RunLog, plot_rewards
 from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
+from deepdive.sample import status_name
+from deepdive.tool_errors import check_tool_error_share, tool_error_metrics
 from services.base.files import atomic_path
 
 # a step with more episodes ABORTED than rollout.max_aborted_share stops the run
 LOCAL_HINTS = (
     "The engine failed them (its log is the run's: an error on a batch, a worker that "
     "stopped). The limit is rollout.max_aborted_share."
+)
+# ... and more tool calls failed than rollout.max_tool_error_share
+LOCAL_TOOL_HINTS = (
+    "Check the tool server's log in the run's logs/ (its search and page upstreams' errors). "
+    "The limit is rollout.max_tool_error_share."
 )
 
 
@@ -155,10 +162,14 @@ def grpo_step(
         f"{config.run.seed}:{step}",
     )
     check_aborted_share(samples, config.rollout.max_aborted_share, step, hints=LOCAL_HINTS)
+    tools = check_tool_error_share(
+        samples, config.rollout.max_tool_error_share, step, hints=LOCAL_TOOL_HINTS
+    )
     per_node = {f"samples_node_{node}": count for node, count in rollouts.node_counts().items()}
     rollout_s = time.monotonic() - started
     rewards = [float(s.reward) for s in samples]
-    advantages = group_advantages(rewards, grpo.samples_per_prompt, grpo.normalize_std)
+    answered = [status_name(s) != "ABORTED" for s in samples]
+    advantages = group_advantages(rewards, grpo.samples_per_prompt, grpo.normalize_std, answered)
     examples = examples_from(samples, advantages)
     started = time.monotonic()
     update: dict[str, float] = {}
@@ -181,6 +192,7 @@ def grpo_step(
     return {
         **rollout_metrics(samples, grpo.samples_per_prompt),
         **per_node,
+        **tool_error_metrics(tools, prefix=""),
         **dict(update),
         "rollout_s": rollout_s,
         "update_s": update_s,

@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Receive, Scope
 
+from deepdive.protocol import RewardRequest
 from services.base.errors import RequestError
 from services.base.logs import log_event
 from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluation, Evaluator
-from services.reward_server.models import parse_evaluation_request
 from services.web import read_json, request_error, service_app
 
 logger = logging.getLogger("deepdive.reward_server")
@@ -32,7 +32,7 @@ def create_app(
     async def evaluate(scope: Scope, receive: Receive) -> tuple[int, Any]:
         started = time.perf_counter()
         try:
-            item = parse_evaluation_request(await read_json(scope, receive, config.max_body_bytes))
+            item = RewardRequest.parse(await read_json(scope, receive, config.max_body_bytes))
         except RequestError as error:
             metrics.observe_request("evaluate", error.code, time.perf_counter() - started)
             return request_error(error)
@@ -55,7 +55,7 @@ def create_app(
                     f"the batch has {len(body)} items; the limit is {config.max_batch}"
                 )
             items = [
-                parse_evaluation_request(entry, where=f"item {i}: ") for i, entry in enumerate(body)
+                RewardRequest.parse(entry, where=f"item {i}: ") for i, entry in enumerate(body)
             ]
         except RequestError as error:
             metrics.observe_request("evaluate_batch", error.code, time.perf_counter() - started)

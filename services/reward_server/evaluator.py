@@ -13,12 +13,12 @@ from typing import Any
 
 import anyio
 
+from deepdive.protocol import Failure, RewardReply, RewardRequest
 from services.base.errors import DeadlineExceeded, ItemFailed
 from services.base.logs import log_event
 from services.reward_server.answers import repeats_question
 from services.reward_server.format_check import FormatVerdict, check_format
 from services.reward_server.judging import Judge, Verdict
-from services.reward_server.models import EvaluationRequest
 
 logger = logging.getLogger("deepdive.reward_server")
 
@@ -31,23 +31,26 @@ class Evaluation:
     judge_name: str
 
     def as_json(self) -> dict[str, Any]:
+        return self.reply().as_json()
+
+    def reply(self) -> RewardReply:
         verdict = self.verdict
         error = verdict.error if verdict is not None else None
-        return {
-            "reward": self.reward,
-            "format_ok": self.format.ok,
-            "format_reason": self.format.reason,
-            "answer_ok": None if verdict is None else verdict.correct,
-            "extracted_answer": self.format.answer,
-            "judge": {
+        return RewardReply(
+            self.reward,
+            format_ok=self.format.ok,
+            format_reason=self.format.reason,
+            answer_ok=None if verdict is None else verdict.correct,
+            extracted_answer=self.format.answer,
+            judge={
                 "name": self.judge_name,
                 "verdict": _verdict_word(verdict),
                 "reason": "not judged: " + (self.format.reason or "")
                 if verdict is None
                 else verdict.reason,
             },
-            "error": None if error is None else {"code": error.code, "message": error.message},
-        }
+            error=None if error is None else Failure(error.code, error.message),
+        )
 
     @property
     def outcome(self) -> str:
@@ -70,7 +73,7 @@ class Evaluator:
         self.judge = judge
         self.deadline_s = deadline_s
 
-    async def evaluate(self, request: EvaluationRequest) -> Evaluation:
+    async def evaluate(self, request: RewardRequest) -> Evaluation:
         """Never raises: a bug met on this item is logged and scores it 0 with an error, so a
         batch keeps its other items' rewards and no client sees a 500."""
         try:
@@ -86,7 +89,7 @@ class Evaluator:
                 self.judge.name,
             )
 
-    async def _evaluate(self, request: EvaluationRequest) -> Evaluation:
+    async def _evaluate(self, request: RewardRequest) -> Evaluation:
         verdict_format = check_format(request.trajectory)
         if verdict_format.ok and request.client_unfinished:
             verdict_format = FormatVerdict(
@@ -113,7 +116,7 @@ class Evaluator:
             1 if verdict.correct is True else 0, verdict_format, verdict, self.judge.name
         )
 
-    async def _judge(self, request: EvaluationRequest, answer: str) -> Verdict:
+    async def _judge(self, request: RewardRequest, answer: str) -> Verdict:
         try:
             with anyio.fail_after(self.deadline_s):
                 return await self.judge.judge(

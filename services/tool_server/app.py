@@ -1,9 +1,10 @@
 """The tool server's HTTP surface: POST /tool, GET /health, /ready, /metrics.
 
-POST /tool {session_id, name, arguments, remote_env_info: {forbidden_texts}} answers 200 with
-{output, observation} (the same text, as DeepDive's rollout expects) and, when the call
-failed, "error": {code, message}; the failure text is also the observation. A malformed
-envelope is a 4xx naming the field.
+POST /tool takes deepdive.protocol's ToolRequest {session_id, name, arguments,
+remote_env_info: {forbidden_texts}} and answers 200 with its ToolReply {output, observation}
+(the same text, as DeepDive's rollout expects) and, when the call failed, "error": {code,
+kind, message}; the failure text is also the observation. A malformed envelope is a 4xx
+naming the field.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope
 
+from deepdive.protocol import Failure, ToolReply, ToolRequest
 from services.base.errors import RequestError, ToolError
 from services.base.logs import log_event, redact
 from services.metrics import ServiceMetrics
-from services.tool_server.models import parse_tool_request
 from services.tool_server.tools import ToolExecutor
-from services.web import error_body, read_json, request_error, service_app
+from services.web import read_json, request_error, service_app
 
 logger = logging.getLogger("deepdive.tool_server")
 
@@ -34,7 +35,7 @@ def create_app(
         started = time.perf_counter()
         name = "invalid"
         try:
-            call = parse_tool_request(await read_json(scope, receive, max_body))
+            call = ToolRequest.parse(await read_json(scope, receive, max_body))
         except RequestError as error:
             _record(metrics, name, error.code, started, session=None, cache=None)
             return request_error(error)
@@ -44,11 +45,9 @@ def create_app(
         except ToolError as error:
             _record(metrics, name, error.code, started, call.session_id, cache=None)
             message = redact(error.message)  # an upstream may echo a key back in its error
-            body = {"output": message, "observation": message}
-            body.update(error_body(error.code, message))
-            return 200, body
+            return 200, ToolReply(message, Failure(error.code, message)).as_json()
         _record(metrics, name, "ok", started, call.session_id, outcome.cache)
-        return 200, {"output": outcome.text, "observation": outcome.text}
+        return 200, ToolReply(outcome.text).as_json()
 
     return service_app(
         # DeepDive's rollout posts to the root too

@@ -1,15 +1,13 @@
-"""The values that flow through the tool server: requests, search results, pages."""
+"""The values that flow through the tool server: search results, pages (the request and the
+reply are deepdive.protocol's envelopes)."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
-from services.base.errors import RequestError
 from services.tool_server.leakage import NormalizedText, normalize
-from services.web import MISSING, json_kind
 
 
 @dataclass(frozen=True)
@@ -71,53 +69,3 @@ def results_nbytes(results: tuple[SearchResult, ...]) -> int:
         plain = r.title.isascii() and r.url.isascii() and r.snippet.isascii()
         total += chars * (2 if plain else 12)
     return total
-
-
-@dataclass(frozen=True)
-class ToolRequest:
-    session_id: str
-    name: str
-    arguments: Any
-    forbidden_texts: tuple[str, ...] = field(default=())
-
-
-MAX_SESSION_ID_CHARS = 256
-
-
-def parse_tool_request(body: Any) -> ToolRequest:
-    """Validate the client's envelope; raise `RequestError` naming the field and the expected type.
-
-    Only the envelope is the client's responsibility. `arguments` come from the model, so their
-    problems are reported to the model as observations later, not as HTTP errors.
-    """
-    if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {json_kind(body)}")
-    session_id = body.get("session_id", MISSING)
-    if not isinstance(session_id, str) or not session_id.strip():
-        raise RequestError(
-            f"field 'session_id': expected a non-empty string, got {json_kind(session_id)}"
-        )
-    if len(session_id) > MAX_SESSION_ID_CHARS:
-        raise RequestError(f"field 'session_id': longer than {MAX_SESSION_ID_CHARS} characters")
-    name = body.get("name", MISSING)
-    if not isinstance(name, str):
-        raise RequestError(
-            f"field 'name': expected a string (the tool name), got {json_kind(name)}"
-        )
-    arguments = body.get("arguments", {})
-    if arguments is None:
-        arguments = {}
-    env = body.get("remote_env_info", {})
-    if env is None:
-        env = {}
-    if not isinstance(env, dict):
-        raise RequestError(f"field 'remote_env_info': expected an object, got {json_kind(env)}")
-    forbidden = env.get("forbidden_texts", [])
-    if forbidden is None:
-        forbidden = []
-    if not isinstance(forbidden, list) or not all(isinstance(t, str) for t in forbidden):
-        raise RequestError(
-            "field 'remote_env_info.forbidden_texts': expected a list of strings, "
-            f"got {json_kind(forbidden)}"
-        )
-    return ToolRequest(session_id, name, arguments, tuple(forbidden))

@@ -19,6 +19,7 @@ import anyio
 from deepdive.protocol import (
     BROWSING_TOOLS,
     ProtocolError,
+    ToolRequest,
     format_page,
     format_results,
     split_pages,
@@ -40,7 +41,6 @@ from services.tool_server.models import (
     Page,
     PreparedPage,
     SearchResult,
-    ToolRequest,
     results_nbytes,
 )
 from services.tool_server.providers import PageReader, SearchProvider

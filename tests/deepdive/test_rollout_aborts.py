@@ -4,11 +4,11 @@ line, bounded), and nothing SGLang sends back raises out of the rollout."""
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import logging
 from argparse import Namespace
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from deepdive.aborts import MESSAGE_CHARS, RolloutAborted, sglang_message
+from deepdive.aborts import RolloutAborted, sglang_message
 from deepdive.clients import close_clients
 from deepdive.local.config import load_local_config
 from deepdive.local.context import RunContext
@@ -28,6 +28,7 @@ from deepdive.local.paths import RunPaths
 from deepdive.local.prompts import PromptSampler
 from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.local.training import grpo_step
+from deepdive.messages import MESSAGE_CHARS, most_said
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool
 from deepdive.rollout_settings import (
@@ -38,7 +39,14 @@ from deepdive.rollout_settings import (
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.base.logs import register_secret
-from tests.helpers import make_args, new_sample, serve_in_thread
+from tests.helpers import (
+    load_function,
+    make_args,
+    new_sample,
+    serve_in_thread,
+    slime_log_eval_rollout_data,
+    slime_log_rollout_data,
+)
 
 # the rollout's pooled clients belong to each test's event loop: closed after each test
 episode_test = pytest.mark.usefixtures("rollout_clients")
@@ -225,32 +233,6 @@ def test_nothing_sglang_answers_raises_out_of_the_rollout(services: dict[str, st
 # -- each rollout's aborted episodes, counted, and the run stopped when they are too many ----
 
 
-def load_function(path: str) -> Any:
-    """slime/utils/misc.py, `load_function`, lines 39-48."""
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
-def slime_log_rollout_data(
-    rollout_id: int, args: Namespace, samples: list[Any], extra: dict[str, Any] | None
-) -> dict[str, Any]:
-    """What slime does with a rollout before it trains on it (slime/observability/
-    rollout_metrics.py, `log_rollout_data`, lines 256-271): the custom function first, which
-    skips the rest by answering True; then the rollout's extra metrics are logged, with
-    slime's own. An exception goes up through RolloutManager.generate (slime/ray/rollout.py,
-    line 506) to train.py's ray.get (train.py, line 53): the run stops."""
-    custom = load_function(args.custom_rollout_log_function_path)
-    if custom(rollout_id, args, samples, extra, 12.5):
-        return {}
-    return {**(extra or {})}
-
-
-def slime_log_eval_rollout_data(rollout_id: int, args: Namespace, data: dict[str, Any]) -> None:
-    """slime/observability/rollout_metrics.py, `log_eval_rollout_data`, lines 223-227 (its
-    extra metrics are None after slime's own eval rollout, lines 476-486)."""
-    load_function(args.custom_eval_rollout_log_function_path)(rollout_id, args, data, None)
-
-
 async def rollout_of(
     services: dict[str, str], refused: int, answered: int, **extra: Any
 ) -> tuple[list[LocalSample], Namespace]:
@@ -292,7 +274,8 @@ async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
     samples, args = await rollout_of(services, refused=1, answered=3)
     with caplog.at_level(logging.WARNING, logger="deepdive.aborts"):
         logged = slime_log_rollout_data(3, args, samples, {"rollout/dynamic_filter/drop_x": 2})
-    assert logged == {
+    aborts = {k: v for k, v in logged.items() if "/tool_" not in k}
+    assert aborts == {
         "rollout/dynamic_filter/drop_x": 2,  # slime's own, kept
         "rollout/deepdive/aborted": 1,
         "rollout/deepdive/aborted_ratio": 0.25,
@@ -302,7 +285,10 @@ async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
     assert record.getMessage().startswith("rollout_aborted rollout=3 ")
     assert "aborted=1 samples=4 share=0.25 error=" in record.getMessage()
     clean = slime_log_rollout_data(4, args, samples[1:], {})
-    assert clean == {"rollout/deepdive/aborted": 0, "rollout/deepdive/aborted_ratio": 0.0}
+    assert {k: v for k, v in clean.items() if "/tool_" not in k} == {
+        "rollout/deepdive/aborted": 0,
+        "rollout/deepdive/aborted_ratio": 0.0,
+    }
     assert slime_log_rollout_data(5, args, [], None) == {}  # nothing to count, no crash
 
 
@@ -369,3 +355,76 @@ def test_a_local_step_mostly_aborted_stops_the_run_too(tmp_path: Path) -> None:
         with pytest.raises(RolloutAborted, match=r"^rollout 3: 2 of 2 episodes ABORTED") as error:
             grpo_step(run, 3, None, rollouts, [row], PromptSampler(1, 0))  # type: ignore[arg-type]
     assert "The limit is rollout.max_aborted_share." in str(error.value)
+
+
+def refused_with(total: int, tokens: int) -> LocalSample:
+    """An episode SGLang refused, its error as the rollout keeps it (`error_of`)."""
+    said = TOO_LONG.replace("40123", str(total)).replace("39000", str(tokens))
+    return LocalSample(
+        status=SampleStatus.ABORTED,
+        metadata={"deepdive": {"error": f"sglang: HTTP 400: {said}"}},
+    )
+
+
+def test_refusals_that_differ_only_in_their_numbers_read_as_one_line() -> None:
+    """Eleven 400s with different token counts were eleven lines of one each (the top three
+    shown): one line with its count now, the numbers that differ as their range."""
+    samples = [refused_with(40_000 + i, 39_000 + 7 * i) for i in range(11)]
+    samples.append(LocalSample(status=SampleStatus.ABORTED, metadata={"deepdive": {"error": "x"}}))
+    args = make_args("http://127.0.0.1:9", {"tools": "http://t", "reward": "http://r"})
+    with pytest.raises(RolloutAborted) as stopped:
+        load_function(ROLLOUT_LOG_FUNCTION_PATH)(0, args, samples, {}, 1.0)
+    said = str(stopped.value).split("SGLang said: ", 1)[1]
+    assert said.startswith(
+        "[11x] sglang: HTTP 400: Requested token count exceeds the model's maximum context "
+        "length of 32768 tokens. You requested a total of 40000-40010 tokens: 39000-39070 "
+        "tokens from the input messages and 1123 tokens for the completion."
+    )
+    assert "; [1x] x." in said
+
+
+def test_most_said_keeps_apart_what_differs_in_words_and_names_few_values() -> None:
+    errors = Counter(
+        {"sglang: HTTP 503": 2, "sglang: HTTP 500": 1, "sglang aborted": 4, "serper: HTTP 429": 1}
+    )
+    assert most_said(errors) == (
+        "[4x] sglang aborted; [3x] sglang: HTTP 500/503; [1x] serper: HTTP 429"
+    )
+    assert most_said(Counter()) == ""
+
+
+# -- an episode that fills the context: TRUNCATED before SGLang's scheduler would abort it ---
+
+
+async def fill_context(services: dict[str, str], context: int | None) -> LocalSample:
+    """A search, then its answer, against a fake SGLang that keeps SGLang's bounds for
+    `context` (fakes/sglang.py, `context_length`), the rollout told the same context."""
+    fake = FakeSGLang([ScriptedTurn(SEARCH), ScriptedTurn(FINISH)], context_length=context)
+    with serve_in_thread(fake.app()) as sglang:
+        args = make_args(sglang, services, context=context or 100_000)
+        args.deepdive_retries = 0
+        sample: LocalSample = await generate_with_tool(
+            args, new_sample(), {"max_new_tokens": 100_000}
+        )
+    return sample
+
+
+@pytest.mark.anyio
+@episode_test
+@pytest.mark.parametrize(("room", "served"), [(3, False), (6, False), (7, True)])
+async def test_an_input_sglang_would_abort_is_never_sent(
+    services: dict[str, str], room: int, served: bool
+) -> None:
+    """SGLang's scheduler aborts inputs of context - 6 tokens and more (max_req_input_len =
+    min(context - 1, pool - 1) - 5): an episode whose search leaves 3 (or 6) tokens of the
+    context went on, was aborted and was kept out of training as SGLang's failure. It ends
+    TRUNCATED at the context now; with 7 tokens left the next turn is served (and cut at the
+    context: its answer is longer)."""
+    played = await fill_context(services, None)
+    assert played.status is SampleStatus.COMPLETED
+    after_search = len(played.tokens) - len(FINISH)  # the input of the answer's turn
+    sample = await fill_context(services, after_search + room)
+    assert sample.status is SampleStatus.TRUNCATED, error_of(sample)
+    stats = sample.metadata["deepdive"]
+    assert (stats["turns"], stats["error"]) == ((2, "length") if served else (1, "context_limit"))
+    assert not sample.remove_sample

@@ -25,10 +25,9 @@ from deepdive.offline.world import (
     generate_world,
     name_words,
 )
-from deepdive.protocol import find_tool_calls, format_observation
+from deepdive.protocol import RewardRequest, find_tool_calls, format_observation
 from services.metrics import ServiceMetrics
 from services.reward_server.evaluator import Evaluator
-from services.reward_server.models import EvaluationRequest
 from services.reward_server.rule_judge import RuleJudge
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
@@ -125,7 +124,7 @@ async def test_every_demonstration_earns_the_strict_reward(world_dir: Path) -> N
     assert [d["id"] for d in demonstrations] == [q["id"] for q in rows(world_dir / "qa_sft.jsonl")]
     for demo in demonstrations:
         question = demo["messages"][1]["content"]
-        request = EvaluationRequest(demo["response"], (demo["answer"],), question)
+        request = RewardRequest(demo["response"], (demo["answer"],), question)
         assert (await evaluator.evaluate(request)).reward == 1, demo["id"]
         assert demo["response"] == "".join(s["text"] for s in demo["segments"])
 

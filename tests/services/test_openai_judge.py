@@ -15,14 +15,13 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from deepdive.protocol import FINISH, format_tool_call
+from deepdive.protocol import FINISH, RewardRequest, format_tool_call
 from services.base.errors import UpstreamBadResponse
 from services.http import RetryPolicy, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
-from services.reward_server.models import EvaluationRequest
 from services.reward_server.openai_judge import GRADER_PROMPT, OpenAIJudge, parse_grade
 from tests.helpers import serve_in_thread, wait_for_requests
 
@@ -74,8 +73,8 @@ async def judge_for(httpserver: HTTPServer) -> AsyncIterator[MakeJudge]:
         await judge.aclose()
 
 
-def request(answer: str = "Paris", label: str = "Paris") -> EvaluationRequest:
-    return EvaluationRequest(format_tool_call(FINISH, {"answer": answer}), (label,), QUESTION)
+def request(answer: str = "Paris", label: str = "Paris") -> RewardRequest:
+    return RewardRequest(format_tool_call(FINISH, {"answer": answer}), (label,), QUESTION)
 
 
 @pytest.mark.parametrize(

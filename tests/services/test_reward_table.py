@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from deepdive.protocol import FINISH, format_observation, format_tool_call
+from deepdive.protocol import FINISH, RewardRequest, format_observation, format_tool_call
 from services.reward_server.evaluator import Evaluator
-from services.reward_server.models import EvaluationRequest
 from services.reward_server.rule_judge import RuleJudge
 
 QUESTION = "Which city hosted the exhibition for which the iron lattice tower on the Champ de Mars was built?"
@@ -207,6 +206,11 @@ def test_the_table_is_big_enough() -> None:
     assert len({case[0] for case in CASES}) == len(CASES)
 
 
+def client_flags(flags: dict[str, bool]) -> tuple[bool, bool]:
+    """The client's two flags, unfinished and format invalid, in RewardRequest's order."""
+    return flags.get("client_unfinished", False), flags.get("client_format_invalid", False)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("case", "trajectory", "labels", "reward", "format_ok", "flags"),
@@ -222,7 +226,7 @@ async def test_strict_reward(
     flags: dict[str, bool],
 ) -> None:
     evaluation = await Evaluator(RuleJudge(), deadline_s=5).evaluate(
-        EvaluationRequest(trajectory, labels, QUESTION, **flags)
+        RewardRequest(trajectory, labels, QUESTION, *client_flags(flags))
     )
     body = evaluation.as_json()
     assert (body["reward"], body["format_ok"]) == (reward, format_ok), body
@@ -251,7 +255,7 @@ async def test_hacks_fail_for_the_right_reason(case: str) -> None:
     _, trajectory, labels, _, _, flags = next(c for c in CASES if c[0] == case)
     body = (
         await Evaluator(RuleJudge(), 5).evaluate(
-            EvaluationRequest(trajectory, labels, QUESTION, **flags)
+            RewardRequest(trajectory, labels, QUESTION, *client_flags(flags))
         )
     ).as_json()
     assert REASONS[case] in body["judge"]["reason"]

@@ -33,7 +33,8 @@ def test_the_summary_counts_aborted_episodes_apart() -> None:
     summary = summarize(rows_of(played(completed=3, aborted=1)), samples=4)
     assert summary["aborted"] == 1
     assert summary["statuses"] == {"COMPLETED": 3, "ABORTED": 1}
-    assert summary["accuracy"] == 0.75
+    assert summary["accuracy"] == 1.0  # the three answered; 0.75 counted the abort as wrong
+    assert summary["accuracy_all_episodes"] == 0.75
 
 
 def test_a_checkpoint_mostly_aborted_is_refused_with_the_engines_words() -> None:

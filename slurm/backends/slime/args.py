@@ -7,7 +7,8 @@ services (every node's URLs), known only once every node is ready.
 
 The hooks are always ours: --custom-generate-function-path and --custom-rm-path (the reward
 server's batch endpoint with aliases and the episode's flags; slime's remote_rm would lose
-them), the rollout log functions that count aborted episodes (deepdive.aborts), and
+them), the rollout log functions that count aborted episodes (deepdive.aborts), the group
+normalisation over the episodes SGLang answered (deepdive.group_rewards), and
 slime's data source behind the check that refuses a rollout the hook cannot run under
 (deepdive.rollout_modes). --group-rm is never emitted: slime's evaluation asserts against it. Checkpoints are
 the run folder's: --save and --load the same folder, so a requeued job continues from the
@@ -27,6 +28,7 @@ from deepdive.rollout_settings import (
     EVAL_LOG_FUNCTION_PATH,
     GENERATE_FUNCTION_PATH,
     REWARD_FUNCTION_PATH,
+    REWARD_POST_PROCESS_PATH,
     ROLLOUT_LOG_FUNCTION_PATH,
     slime_custom_config,
 )
@@ -179,6 +181,7 @@ def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> Slime
         "--custom-rm-path", REWARD_FUNCTION_PATH,
         "--custom-rollout-log-function-path", ROLLOUT_LOG_FUNCTION_PATH,
         "--custom-eval-rollout-log-function-path", EVAL_LOG_FUNCTION_PATH,
+        "--custom-reward-post-process-path", REWARD_POST_PROCESS_PATH,
         "--data-source-path", DATA_SOURCE_PATH,
         CUSTOM_CONFIG_FLAG, str(custom_config_path),
         "--prompt-data", rollout.prompt_data,

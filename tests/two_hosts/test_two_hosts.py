@@ -101,9 +101,10 @@ def cluster() -> TwoHosts:
     )
 
 
-# long enough that the warning signal lands mid-training, also on a loaded machine (a step takes ~0.3 s here;
-# a checkpoint every 2 steps)
-STEPS = 40
+# long enough that the warning signal lands mid-training on a fast machine: a step takes 0.16 s
+# to 0.3 s here, so 40 steps could end before the warning (CI on 6cd6606); a checkpoint every
+# 2 steps, the newest 2 kept
+STEPS = 300
 SAMPLES_PER_NODE = 4  # cluster-tiny: 2 prompts x 4 samples a step, a group per node
 JOB_TIMEOUT_S = 600
 KEYS = "/shared/keys/two-hosts.env"
@@ -220,6 +221,14 @@ def tcp_peers(cluster: TwoHosts, host: str) -> list[str]:
     ]
 
 
+def newest_checkpoint(folder: Path) -> int:
+    """The step of the newest checkpoint (0: none yet); older ones are deleted as new ones land,
+    so a given step's folder may already be gone when it is looked for."""
+    names = (re.fullmatch(r"step-(\d+)", path.name) for path in folder.glob("step-*"))
+    steps = [int(name.group(1)) for name in names if name]  # not step-N.tmp-PID, being written
+    return max(steps, default=0)
+
+
 def preempt(
     cluster: TwoHosts, name: str, while_ready: Callable[[Preempted], None] | None = None
 ) -> Preempted:
@@ -237,7 +246,7 @@ def preempt(
     if while_ready is not None:
         while_ready(seen)
     checkpoints = run / "checkpoints"
-    took = timed(lambda: (checkpoints / "step-000002").is_dir(), 300, "a checkpoint at step 2")
+    took = timed(lambda: newest_checkpoint(checkpoints) >= 2, 300, "a checkpoint at step 2")
     seen.warned_at_step = len((run / "logs" / "metrics.jsonl").read_bytes().splitlines())
     cluster.slurm("scancel", f"--signal={WARNING}", job_id)
     say(f"job {job_id}: SIGURG at step {seen.warned_at_step}, {took:.1f} s after both were ready")

@@ -302,6 +302,22 @@ def slime_overrides(world: dict[str, Path], *extra: str) -> list[str]:
     ]
 
 
+def slime_dry_run(
+    world: dict[str, Path], *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`deepdive submit SLIME_RECIPE --dry-run` with slime_overrides(world, *extra), from the
+    world's root."""
+    arguments = [item for value in slime_overrides(world, *extra) for item in ("--set", value)]
+    return subprocess.run(
+        [*DEEPDIVE, "submit", str(SLIME_RECIPE), "--dry-run", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=world["root"],
+        env=env,
+    )
+
+
 def slime_recipe(world: dict[str, Path], *extra: str) -> ExperimentConfig:
     """The recipe loaded over `world`, with `extra` overrides."""
     return load_experiment(SLIME_RECIPE, slime_overrides(world, *extra))

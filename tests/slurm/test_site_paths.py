@@ -7,7 +7,6 @@ dry runs below passed, and the job would have failed on its nodes after its wait
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from slurm.backends.slime.retention import checkpoint_bytes, disk_warnings, free
 from slurm.config import ExperimentConfig
 from slurm.image_mounts import invisible, visible_roots
 from slurm.preflight import missing_inputs
-from tests.helpers import DEEPDIVE, QWEN25_32B, SLIME_RECIPE
-from tests.helpers import slime_overrides as overrides
+from tests.helpers import QWEN25_32B, slime_dry_run
 from tests.helpers import slime_recipe as recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,18 +90,7 @@ def recipe_free_container(tmp_path: Path) -> ExperimentConfig:
 
 
 def test_the_dry_run_names_a_path_the_image_cannot_see(world: dict[str, Path]) -> None:
-    arguments = [
-        item
-        for value in overrides(world, 'container.options=["--contain"]')
-        for item in ("--set", value)
-    ]
-    result = subprocess.run(
-        [*DEEPDIVE, "submit", str(SLIME_RECIPE), "--dry-run", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=world["root"],
-    )
+    result = slime_dry_run(world, 'container.options=["--contain"]')
     assert result.returncode == 2, result.stdout + result.stderr
     assert (
         f"missing: slime.model.hf_checkpoint: {world['model']} is not visible inside the image"

@@ -25,7 +25,7 @@ from slurm.backends.slime.checks import check_slime, slime_flags
 from slurm.command import check_same_run
 from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import AttemptFolder, RunFolder
-from tests.helpers import DEEPDIVE, SLIME_RECIPE
+from tests.helpers import DEEPDIVE, SLIME_RECIPE, slime_dry_run
 from tests.helpers import slime_overrides as overrides
 from tests.helpers import slime_recipe as recipe
 
@@ -347,14 +347,7 @@ def test_the_backend_gives_every_node_slimes_environment(world: dict[str, Path])
 def test_the_dry_run_prints_the_sbatch_script_the_slime_command_and_the_yaml(
     world: dict[str, Path],
 ) -> None:
-    arguments = [item for value in overrides(world) for item in ("--set", value)]
-    result = subprocess.run(
-        [*DEEPDIVE, "submit", str(RECIPE), "--dry-run", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=world["root"],
-    )
+    result = slime_dry_run(world)
     assert result.returncode == 0, result.stderr
     check("dry_run_slime.txt", placeholders(result.stdout, world))
     assert not (world["root"] / "run").exists()
@@ -366,14 +359,7 @@ def test_an_extra_rollout_log_function_no_longer_passes_the_dry_run(
     """On 2a5d2bd this dry run printed the job: slime would have run another log function than
     deepdive.aborts', and the abort-share stop with it."""
     extra = 'slime.extra_args=["--custom-rollout-log-function-path", "mine.log_rollout"]'
-    arguments = [item for value in [*overrides(world), extra] for item in ("--set", value)]
-    result = subprocess.run(
-        [*DEEPDIVE, "submit", str(RECIPE), "--dry-run", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=world["root"],
-    )
+    result = slime_dry_run(world, extra)
     assert result.returncode == 2, result.stdout
     assert "slime.extra_args: --custom-rollout-log-function-path: the launcher sets it" in (
         result.stderr

@@ -5,7 +5,6 @@ with the arithmetic, when it passes `slime.resources.gpu_memory_mib`; and a node
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,7 @@ import pytest
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime, host_memory_warnings
 from slurm.backends.slime.memory_estimate import estimate, host_estimate
-from tests.helpers import DEEPDIVE, QWEN25_32B
-from tests.helpers import SLIME_RECIPE as RECIPE
-from tests.helpers import slime_overrides as overrides
+from tests.helpers import QWEN25_32B, slime_dry_run
 from tests.helpers import slime_recipe as recipe
 
 # the recipe as it was before slime's 32B settings: no recompute, one sample per micro-batch,
@@ -173,16 +170,7 @@ def test_a_mixture_of_experts_is_not_estimated(world: dict[str, Path]) -> None:
 
 
 def test_the_dry_run_prints_the_warning(world: dict[str, Path]) -> None:
-    arguments = [
-        item for value in overrides(world, *WITHOUT_32B_SETTINGS) for item in ("--set", value)
-    ]
-    result = subprocess.run(
-        [*DEEPDIVE, "submit", str(RECIPE), "--dry-run", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=world["root"],
-    )
+    result = slime_dry_run(world, *WITHOUT_32B_SETTINGS)
     assert result.returncode == 0, result.stderr
     assert "warning: a training GPU may run out of memory" in result.stderr
     assert "activations" in result.stderr and "of 79.6 GiB per GPU" in result.stderr
@@ -194,15 +182,7 @@ def test_with_mem_0_the_nodes_memory_comes_from_slurm(
     """The recipe asks for whole nodes (mem_gb = 0, exclusive): the private cluster's nodes
     have RealMemory=6000 (scripts/local-slurm.sh), which sinfo reports and the dry run holds
     the host estimate to."""
-    arguments = [item for value in overrides(world) for item in ("--set", value)]
-    result = subprocess.run(
-        [*DEEPDIVE, "submit", str(RECIPE), "--dry-run", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=world["root"],
-        env=job_env,
-    )
+    result = slime_dry_run(world, env=job_env)
     assert result.returncode == 0, result.stderr
     assert (
         "a node may run out of host memory: about 536 GiB needed, the node has 6 GiB "

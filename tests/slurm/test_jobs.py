@@ -19,6 +19,7 @@ from tests.helpers import (
     DEEPDIVE,
     job_fields,
     job_left_queue,
+    newest_checkpoint,
     processes_of_job,
     submitted_job_id,
     tiny_job,
@@ -209,26 +210,50 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
     assert len((run / "jobs.jsonl").read_bytes().splitlines()) == 1
 
 
+def failures(run: Path) -> list[str]:
+    """What each failed node of each attempt of `run` wrote (failed-node-K.json's error)."""
+    return [note(path)["error"] for path in sorted(run.glob("attempts/*/failed-node-*.json"))]
+
+
+def ended(run: Path) -> bool:
+    """The run finished or one of its nodes failed."""
+    return (run / "finished.json").is_file() or bool(failures(run))
+
+
 def test_a_preempted_job_resumes_and_ends_as_an_uninterrupted_one(
     job_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Two jobs at once (no port collision, both finish); one gets the warning signal
-    mid-training (SIGURG, 23: what Slurm sends before the time limit, slurm/requeue.py): node
-    0 asks for the requeue, the batch script makes it once srun returns, the job resumes from
-    its last checkpoint, and its final model is the uninterrupted one's."""
-    steps = 24  # long enough that the signal lands mid-training
+    """Two jobs (no port collision, both finish); one gets the warning signal mid-training
+    (SIGURG, 23: what Slurm sends before the time limit, slurm/requeue.py): node 0 asks for the
+    requeue, the batch script makes it once srun returns, the job resumes from its last
+    checkpoint, and its final model is the uninterrupted one's. The second job is submitted once
+    the first trains: four Ray nodes starting at once on this 2-core host take more than the
+    15 s a raylet waits for its dashboard agent (measured 12 s for the agent's imports alone),
+    and Ray then aborts; one node per host, as on a cluster, never meets that."""
+    steps = 40  # long enough that the signal lands mid-training (a step takes 0.1-0.2 s)
     preempted, steady = tmp_path / "preempted", tmp_path / "steady"
-    first = submit(tiny_job(preempted, steps), job_env)
     second = submit(tiny_job(steady, steps), job_env)
-    checkpoints = preempted / "checkpoints"
     wait_until(
-        lambda: (checkpoints / "step-000002").is_dir(), JOB_TIMEOUT_S, "a checkpoint at step 2"
+        lambda: ended(steady) or newest_checkpoint(steady / "checkpoints") >= 1,
+        JOB_TIMEOUT_S,
+        "the steady job to train",
     )
+    first = submit(tiny_job(preempted, steps), job_env)
+    wait_until(
+        lambda: ended(preempted) or newest_checkpoint(preempted / "checkpoints") >= 2,
+        JOB_TIMEOUT_S,
+        "a checkpoint at step 2",
+    )
+    assert not failures(preempted), failures(preempted)
     subprocess.run(["scancel", f"--signal={int(signal.SIGURG)}", first], env=job_env, check=True)
+    # a requeued job may be out of squeue for a moment between its attempts: finished.json (or
+    # a node's failure) says it ended, the queue only that its processes are gone
+    wait_until(lambda: ended(preempted) and ended(steady), JOB_TIMEOUT_S, "both jobs to end")
+    assert not failures(preempted) and not failures(steady)
     wait_until(
         lambda: job_left_queue(first, job_env) and job_left_queue(second, job_env),
         JOB_TIMEOUT_S,
-        "both jobs to end",
+        "both jobs to leave the queue",
     )
     for run in (preempted, steady):
         assert (run / "finished.json").is_file(), run

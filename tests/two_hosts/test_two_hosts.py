@@ -28,7 +28,7 @@ import orjson
 import pytest
 
 from slurm.phases import read_phases
-from tests.helpers import wait_until
+from tests.helpers import newest_checkpoint, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -219,14 +219,6 @@ def tcp_peers(cluster: TwoHosts, host: str) -> list[str]:
         line.split()[-1].removeprefix("[::ffff:").replace("]", "")
         for line in result.stdout.splitlines()
     ]
-
-
-def newest_checkpoint(folder: Path) -> int:
-    """The step of the newest checkpoint (0: none yet); older ones are deleted as new ones land,
-    so a given step's folder may already be gone when it is looked for."""
-    names = (re.fullmatch(r"step-(\d+)", path.name) for path in folder.glob("step-*"))
-    steps = [int(name.group(1)) for name in names if name]  # not step-N.tmp-PID, being written
-    return max(steps, default=0)
 
 
 def preempt(

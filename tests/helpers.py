@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 from pytest_httpserver import HTTPServer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deepdive.local.checkpoint import checkpoints
+from deepdive.local.checkpoint import newest_step
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample
 from fakes.sglang import ByteTokenizer
@@ -207,8 +207,7 @@ def submitted_job_id(output: str) -> str:
 def newest_checkpoint(folder: Path) -> int:
     """The step of the newest complete checkpoint in `folder` (0: none yet). Older ones are
     deleted as new ones land, so wait for this to reach a step, never for a step's folder."""
-    found = checkpoints(folder)
-    return int(found[-1].name.removeprefix("step-")) if found else 0
+    return newest_step(folder) or 0
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -174,6 +174,12 @@ def checkpoints(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: _step(p) or 0)
 
 
+def newest_step(folder: Path) -> int | None:
+    """The step of the newest complete checkpoint in `folder`, None when there is none."""
+    found = checkpoints(folder)
+    return _step(found[-1]) if found else None
+
+
 def _candidates(folder: Path) -> list[tuple[int, Path]]:
     """Every folder that may hold a checkpoint, newest step first; at one step, the checkpoint
     folder before copies set aside (left there by a kill while that step was written again)."""

@@ -105,10 +105,9 @@ class LocalBackend:
         return " ".join(self.command(attempt))
 
     def checkpoint_step(self) -> int | None:
-        from deepdive.local.checkpoint import checkpoints
+        from deepdive.local.checkpoint import newest_step
 
-        found = checkpoints(self.paths.checkpoints)  # step-NNNNNN folders, complete ones
-        return int(found[-1].name.split("-", 1)[1]) if found else None
+        return newest_step(self.paths.checkpoints)
 
     def resume_point(self) -> str | None:
         from deepdive.local.checkpoint import load_latest

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
+from slurm.run_folder import AttemptFolder
 from tests.helpers import (
     DEEPDIVE,
     job_fields,
@@ -212,7 +213,11 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
 
 def failures(run: Path) -> list[str]:
     """What each failed node of each attempt of `run` wrote (failed-node-K.json's error)."""
-    return [note(path)["error"] for path in sorted(run.glob("attempts/*/failed-node-*.json"))]
+    if not (run / "attempts").is_dir():  # not begun yet
+        return []
+    return [
+        failure["error"] for path in attempts(run) for failure in AttemptFolder(path).failures()
+    ]
 
 
 def ended(run: Path) -> bool:

@@ -331,7 +331,16 @@ def show_trajectories(console: Console, results: dict[str, Any]) -> None:
     table = Table(title=f"rollout CPU per turn with its episodes recorded, vs {base} (none)")
     right_aligned(
         table,
-        ("episodes", f"ms/turn {base}", "sampled", "all", "sampled / base", "all / base", "same"),
+        (
+            "episodes",
+            f"ms/turn {base}",
+            "sampled",
+            "all",
+            "sampled / base",
+            "all / base",
+            "log CPU base / sampled / all",
+            "same",
+        ),
     )
     for run in results["runs"]:
         table.add_row(
@@ -341,6 +350,8 @@ def show_trajectories(console: Console, results: dict[str, Any]) -> None:
             f"{run['all_cpu_ms_per_turn']:.4f}",
             f"{run['sampled_ratio']:.3f}x",
             f"{run['all_ratio']:.3f}x",
+            f"{run['baseline_log_share']:.2%} / {run['sampled_log_share']:.2%} / "
+            f"{run['all_log_share']:.2%}",
             "yes" if run["identical_samples"] else "NO",
         )
     console.print(table)

@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import json
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -105,8 +106,10 @@ async def episodes(
     done = await asyncio.gather(
         *(generate_with_tool(args, s, {"max_new_tokens": 100_000}) for s in batch)
     )
+    log_cpu = time.process_time()
     if log:
         log_rollout(step, args, list(done))
+    log_cpu = time.process_time() - log_cpu
     elapsed, cpu_used = time.perf_counter() - started, time.process_time() - cpu
     turns_done = sum(s.metadata["deepdive"]["turns"] for s in done)
     return {
@@ -115,6 +118,8 @@ async def episodes(
         "completed": sum(getattr(s.status, "name", "") == "COMPLETED" for s in done),
         "seconds": round(elapsed, 3),
         "cpu_ms_per_turn": round(cpu_used * 1000 / max(1, turns_done), 4),
+        # of which the log function's (and the recorder's writer's, waited for)
+        "log_cpu_ms_per_turn": round(log_cpu * 1000 / max(1, turns_done), 5),
         "turns_per_s": round(turns_done / elapsed, 1),
         "digest": digest(list(done)),
     }
@@ -136,6 +141,10 @@ async def batches(
         **runs[0],
         "batches": count,
         "cpu_ms_per_turn": per_turn[len(per_turn) // 2],
+        "log_share": statistics.median(
+            run["log_cpu_ms_per_turn"] / (run["cpu_ms_per_turn"] - run["log_cpu_ms_per_turn"])
+            for run in runs
+        ),
         "cpu_ms_per_turn_each": [run["cpu_ms_per_turn"] for run in runs],
         "digest": digests.pop() if len(digests) == 1 else "batches differ",
     }

@@ -8,7 +8,10 @@ slime's rollout log function, run in turn, pair by pair, for
     sampled    this checkout, the default sample (trajectory_groups = 4 groups a step)
     all        this checkout, every episode recorded (what an evaluation records)
 
-The recorder's writer thread is waited for inside the measured CPU. `python -m benchmarks
+The recorder's writer thread is waited for inside the measured CPU. Two figures: the trees'
+CPU per turn side by side (what the turn log in the hot path and everything after cost, within
+the machine's noise), and, inside each process, the log function's CPU over the rest of the
+batch's (the recorder's part alone, precise: both measured in the same batch). `python -m benchmarks
 --only trajectories [--baseline REF]`; docs/benchmarks.md has the figures.
 """
 
@@ -30,7 +33,7 @@ from benchmarks.harness import free_port, pinned, process, python_module
 BASELINE = "4dfeeeb"  # main when the recorder was built on it
 SAMPLES = (64, 256)
 TURNS = 16
-ROUNDS = 3
+ROUNDS = 5
 VARIANTS = {"baseline": None, "sampled": "4", "all": "100000"}
 
 
@@ -108,6 +111,11 @@ def summary(samples: int, pairs: list[dict[str, dict[str, Any]]]) -> dict[str, A
         },
         "sampled_ratios": [round(r, 4) for r in ratios("sampled")],
         "all_ratios": [round(r, 4) for r in ratios("all")],
+        # in the same process: the log function's CPU (recorder and writer included) over the
+        # rest of the rollout's, per batch; the precise figure on a noisy machine
+        "sampled_log_share": statistics.median(p["sampled"]["log_share"] for p in pairs),
+        "all_log_share": statistics.median(p["all"]["log_share"] for p in pairs),
+        "baseline_log_share": statistics.median(p["baseline"]["log_share"] for p in pairs),
         "sampled_ratio": statistics.median(ratios("sampled")),
         "all_ratio": statistics.median(ratios("all")),
         "recorded_bytes": {name: pairs[0][name]["recorded_bytes"] for name in VARIANTS},

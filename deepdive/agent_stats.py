@@ -37,7 +37,7 @@ def _reward(sample: Any) -> float:
 
 
 def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def agent_statistics(samples: list[Any], prefix: str = "") -> dict[str, float]:
@@ -70,7 +70,8 @@ def agent_statistics(samples: list[Any], prefix: str = "") -> dict[str, float]:
         used = used if isinstance(used, dict) else {}
         calls.update({str(k): _count(v) for k, v in used.items()})
         turns += _count(stats.get("turns"))
-        for entry in stats.get("turn_log") or []:
+        log = stats.get("turn_log")
+        for entry in log if isinstance(log, list) else []:
             code = entry.get("tool_error") if isinstance(entry, dict) else None
             if isinstance(code, str):
                 errors[code] += 1

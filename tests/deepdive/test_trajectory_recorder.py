@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from deepdive.agent_stats import agent_statistics
 from deepdive.protocol import format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.rollout_settings import (
@@ -228,3 +229,20 @@ def test_nothing_a_model_writes_raises_out_of_a_record(
     path.write_bytes(encode_line(record))
     [back] = list(read_episodes(path))
     assert back.status == "truncated" and back.step == 1
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    stats=st.dictionaries(
+        st.sampled_from(["tool_calls", "turns", "turn_log", "error"]), hostile.json_values
+    )
+    | hostile.json_values,
+    reward=hostile.json_values,
+    length=hostile.json_values,
+)
+@example(stats={"turn_log": 5, "tool_calls": {"search": 2}}, reward=None, length=3)
+def test_no_sample_raises_out_of_the_agent_statistics(stats: Any, reward: Any, length: Any) -> None:
+    sample = LocalSample(group_index=0, reward=reward, metadata={"deepdive": stats})
+    sample.response_length = length
+    found = agent_statistics([sample, new_sample()])
+    assert found["turns"] >= 0 and 0.0 <= found["finish_rate"] <= 1.0

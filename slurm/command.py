@@ -167,6 +167,8 @@ def run_status(args: argparse.Namespace) -> None:
     print(f"finished  {'yes' if status.finished else 'no'}")
     if status.requeue:
         print(f"requeue   {status.requeue}")
+    if status.warning:
+        print(f"warning   {status.warning}")
     for failure in status.failures:
         print(f"FAILED    node {failure['node']} during {failure['phase']}: {failure['error']}")
 

@@ -113,8 +113,10 @@ class NodeJob(submitit.helpers.Checkpointable):
     def checkpoint(  # type: ignore[override]  # submitit reads None as "do not requeue"
         self, *args: Any, **kwargs: Any
     ) -> submitit.helpers.DelayedSubmission | None:
-        """submitit calls this on node 0 when the warning arrives (preemption or time limit): tell
-        every node to stop, and requeue unless the run has used its requeues."""
+        """submitit calls this on node 0 when the warning arrives (preemption or time limit): let
+        the trainer save at its next rollout boundary if the warning leaves time for it
+        (slurm/preemption.py), then tell every node to stop, and requeue unless the run has used
+        its requeues. The end note says what the warning saved and what the requeue loses."""
         node = current_node()
         attempt = RunFolder(Path(self.config.run.folder)).attempt(node.attempt)
         warning = self._bootstrap.save_on_warning() if self._bootstrap is not None else {}

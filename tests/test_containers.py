@@ -234,21 +234,26 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
         f"argv: build --build-arg-file {build}/train.args deepdive-train.sif containers/train.def"
     )
     assert "project: yes" in lines
-    assert f"args: TRAIN_BASE={pins()['TRAIN_BASE_TAG']}@{digest}" in lines
+    name, tag = pins()["TRAIN_BASE_TAG"].rsplit(":", 1)
+    assert f"args: TRAIN_BASE={name}@{digest}" in lines and "/" not in tag  # no TAG@DIGEST
+    assert f"args: TRAIN_BASE_TAG={name}:{tag}" in lines  # kept, as a label
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert f"args: VERSION={version}" in lines  # the label submit compares
-    record.unlink()
-    old = subprocess.run(
-        ["make", "-C", str(checkout), "image"],
-        capture_output=True, text=True, timeout=120,
-        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path),
-             "APPTAINER_RECORD": str(record), "FAKE_APPTAINER_VERSION": "1.3.6"},
-    )  # fmt: skip
-    # Apptainer up to 1.3 refuses a reference with both a tag and a digest: said before building
-    assert old.returncode != 0 and "apptainer version 1.3.6: the training image's base" in (
-        old.stderr
-    )
-    assert not record.exists()  # nothing was built
+    for version, builds in (("1.3.6", True), ("1.2.0", True), ("1.1.9", False)):
+        record.unlink(missing_ok=True)
+        other = subprocess.run(
+            ["make", "-C", str(checkout), "image"],
+            capture_output=True, text=True, timeout=120,
+            env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path),
+                 "APPTAINER_RECORD": str(record), "FAKE_APPTAINER_VERSION": version},
+        )  # fmt: skip
+        # NAME@DIGEST builds with 1.2 and 1.3 (which refuse TAG@DIGEST); before 1.2 the def's
+        # {{ }} arguments do not exist: said before building
+        assert (other.returncode == 0) == builds == record.exists(), (version, other.stderr)
+        if not builds:
+            assert f"apptainer version {version}: the training image's build needs" in (
+                other.stderr
+            )
 
 
 # The training image (containers/train.def) as far as a CPU host can check it: it is slime's own
@@ -364,15 +369,27 @@ def test_the_test_section_imports_slimes_training_path_and_our_hooks() -> None:
     assert '"slime" in sglang_router.__version__' in body  # slime's own check, Dockerfile l.112
 
 
-def test_pip_check_and_every_step_of_the_test_section_are_fatal() -> None:
+def test_the_build_checks_conflicts_against_the_bases_own_and_every_step_is_fatal() -> None:
+    """%post records the bare base's pip check first; %test fails on what is new (a plain
+    `pip check` fails on slime's own image: its Dockerfile leaves conflicts)."""
+    post = [line.strip() for line in sections(TRAIN)["post"].splitlines() if line.strip()]
+    post = [line for line in post if not line.startswith("#")]
+    assert post[0] == "set -eu"
+    assert post[1] == (
+        "python3 /opt/deepdive-slurm/containers/train_checks.py baseline"
+        " /opt/deepdive-slurm/base-pip-check.txt"
+    )  # before anything is installed
     _, shell = heredoc_python(percent_test())
     commands = [line.strip() for line in shell.splitlines() if line.strip()]
     commands = [line for line in commands if not line.startswith("#")]
     assert commands[0] == "set -eu"
-    assert "pip check" in commands
-    for line in commands:
-        if "pip check" in line:
-            assert line == "pip check", f"pip check must stand alone: {line!r}"
+    assert "pip check" not in commands
+    for check in (
+        '$checks sglang /sgl-workspace/sglang "{{ SGLANG_VERSION }}"',
+        "$checks uvicorn /opt/deepdive-slurm",
+        "$checks conflicts /opt/deepdive-slurm/base-pip-check.txt",
+    ):
+        assert check in commands, check  # alone on its line: its failure stops the build
     assert "|| echo" not in shell and "|| true" not in shell
 
 
@@ -483,3 +500,106 @@ def test_the_launchers_defaults_and_the_recipes_name_the_images_paths() -> None:
         if slime == "slime" or "slime_root" in table:
             assert table.get("slime_root", default.slime_root) == "/opt/slime", config.name
             assert table.get("python_path", default.python_path) == in_image, config.name
+
+
+# The image's build decisions (containers/train_checks.py, run by train.def) against fake bases:
+# an environment holding the distributions slime's image has, shaped as the issue found them.
+CHECKS = CONTAINERS / "train_checks.py"
+
+
+def dist(site: Path, name: str, version: str, *requires: str, editable: Path | None = None) -> None:
+    """A distribution's metadata as pip installs it (no code: the checks read metadata)."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    (info / "METADATA").write_text(
+        "\n".join(lines + [f"Requires-Dist: {r}" for r in requires]) + "\n"
+    )
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "RECORD").write_text("")
+    if editable is not None:
+        url = {"url": f"file://{editable}", "dir_info": {"editable": True}}
+        (info / "direct_url.json").write_text(json.dumps(url))
+
+
+@pytest.fixture
+def fake_base(tmp_path: Path) -> tuple[Path, Path]:
+    """(python, site-packages) of slime's image in miniature: SGLang a dev build installed
+    editable from its tree, SGLang's own uvicorn, and a conflict slime's Dockerfile leaves
+    (numpy downgraded under a package that wants 2.x)."""
+    base = tmp_path / "base"
+    subprocess.run(
+        [sys.base_prefix + "/bin/python3.11", "-m", "venv", "--without-pip", base], check=True
+    )
+    site = base / "lib" / "python3.11" / "site-packages"
+    tree = tmp_path / "sgl-workspace" / "sglang"
+    (tree / "python").mkdir(parents=True)
+    dist(site, "sglang", "0.0.0.dev1+g06ffdbe22", "uvicorn", editable=tree / "python")
+    dist(site, "uvicorn", "0.30.6")
+    dist(site, "numpy", "1.26.4")
+    dist(site, "opencv-python-headless", "4.12.0.88", "numpy>=2")
+    return base / "bin" / "python", site
+
+
+def train_checks(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHECKS), "--python", str(python), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_only_the_conflicts_this_build_adds_fail_it(
+    fake_base: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, site = fake_base
+    recorded = tmp_path / "base-pip-check.txt"
+    assert train_checks(python, "baseline", str(recorded)).returncode == 0
+    assert "opencv-python-headless 4.12.0.88 has requirement numpy>=2" in recorded.read_text()
+    same = train_checks(python, "conflicts", str(recorded))
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "the base's own" in same.stdout
+    dist(site, "deepdive-slurm", "0.1.0", "uvicorn>=0.54,<0.55")  # ours, against SGLang's uvicorn
+    added = train_checks(python, "conflicts", str(recorded))
+    assert added.returncode != 0
+    assert (
+        "deepdive-slurm 0.1.0 has requirement uvicorn<0.55,>=0.54, but you have uvicorn 0.30.6"
+        in added.stderr
+    )
+
+
+def test_the_services_never_run_on_a_uvicorn_minor_they_were_not_written_for(
+    fake_base: tuple[Path, Path],
+) -> None:
+    python, site = fake_base
+    theirs = train_checks(python, "uvicorn", str(ROOT))
+    assert theirs.returncode != 0 and "uvicorn 0.30.6 is installed" in theirs.stderr
+    shutil.rmtree(site / "uvicorn-0.30.6.dist-info")  # what install_from_lock.py does: the lock's
+    locked = re.search(r"^uvicorn==(\S+)", (ROOT / "requirements.lock").read_text(), re.MULTILINE)
+    assert locked is not None
+    dist(site, "uvicorn", locked.group(1))
+    ours = train_checks(python, "uvicorn", str(ROOT))
+    assert ours.returncode == 0, ours.stderr
+
+
+def test_install_from_lock_replaces_the_bases_uvicorn() -> None:
+    source = (CONTAINERS / "install_from_lock.py").read_text()
+    assert 'REPLACE = {"uvicorn"}' in source
+
+
+def test_sglang_is_checked_by_its_tree_not_its_version_string(
+    fake_base: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, site = fake_base
+    tree = tmp_path / "sgl-workspace" / "sglang"
+    pinned = pins()["SGLANG_VERSION"]
+    dev = train_checks(python, "sglang", str(tree), pinned)  # slime's dev images: 0.0.0.dev1+g…
+    assert dev.returncode == 0, dev.stderr
+    assert "0.0.0.dev1+g06ffdbe22 from the patched tree" in dev.stdout
+    shutil.rmtree(site / "sglang-0.0.0.dev1+g06ffdbe22.dist-info")
+    dist(site, "sglang", "0.5.14", editable=tree / "python")
+    other = train_checks(python, "sglang", str(tree), pinned)
+    assert other.returncode != 0 and f"containers/pins.env says {pinned}" in other.stderr
+    shutil.rmtree(site / "sglang-0.5.14.dist-info")
+    dist(site, "sglang", pinned)  # a wheel in site-packages: not the patched tree
+    elsewhere = train_checks(python, "sglang", str(tree), pinned)
+    assert elsewhere.returncode != 0 and "not from the patched tree" in elsewhere.stderr

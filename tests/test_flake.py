@@ -209,11 +209,43 @@ def checkout(tmp_path: Path) -> Path:
     return folder
 
 
+def the_locks_ruff_wheel_in_the_store(tmp_path: Path) -> None:
+    """The check's wheel as builtin:fetchurl leaves it in the store. Where its URL is closed
+    (here: the index is reached through pip's proxy only), pip downloads the same file and
+    `nix-store --add-fixed` puts it at the path its hash names; a wrong file gets another
+    path, so the build would still refuse it."""
+    flake = (ROOT / "flake.nix").read_text()
+    pinned = re.search(r'x86_64-linux = \{\s*url = "([^"]+)";\s*sha256 = "([0-9a-f]{64})";', flake)
+    assert pinned is not None, "flake.nix names the x86_64 wheel by url and sha256"
+    url, sha256 = pinned.groups()
+    name = url.rsplit("/", 1)[1]
+    path = subprocess.run(
+        ["nix-store", "--print-fixed-path", "sha256", sha256, name],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if subprocess.run(["nix-store", "--check-validity", path], capture_output=True).returncode == 0:
+        return
+    version = name.split("-")[1]
+    download = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+         "--platform", "musllinux_1_2_x86_64", "-d", str(tmp_path / "wheel"), f"ruff=={version}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if download.returncode != 0:
+        pytest.skip(f"the lock's ruff wheel cannot be fetched here: {download.stderr[-500:]}")
+    added = subprocess.run(
+        ["nix-store", "--add-fixed", "sha256", str(tmp_path / "wheel" / name)],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert added == path, f"pip's {name} is not the file the lock's hash names"
+
+
 def test_flake_check_builds_the_lint_check_with_the_locks_ruff(
     tmp_path: Path, checkout: Path, host_nixpkgs: Path
 ) -> None:
     """`nix flake check` builds checks.lint: nixpkgs' ruff (another version, writing its cache
     into the read-only source; the stand-in's behaves so) cannot pass it, the lock's can."""
+    the_locks_ruff_wheel_in_the_store(tmp_path)
     nix(tmp_path, "flake", "check", "-L", f"path:{checkout}", nixpkgs=host_nixpkgs)
     log = nix(tmp_path, "log", f"path:{checkout}#checks.x86_64-linux.lint", nixpkgs=host_nixpkgs)
     assert "ruff 0.17.6" in log and "All checks passed!" in log, log
@@ -327,10 +359,6 @@ def test_a_venv_whose_interpreter_is_gone_is_rebuilt_and_a_failed_setup_is_said(
     assert shell.stdout.splitlines()[-2:] == ["(3, 11)", "opened"], shell.stdout
 
 
-if __name__ == "__main__":
-    print(write_host_nixpkgs(Path(sys.argv[1])))
-
-
 def test_the_shell_gives_wheels_their_libraries_and_the_hosts_gpu_driver(
     tmp_path: Path, checkout: Path, host_nixpkgs: Path
 ) -> None:
@@ -354,3 +382,59 @@ def test_the_shell_gives_wheels_their_libraries_and_the_hosts_gpu_driver(
     driver = Path(folders[-1])
     assert sorted(p.name for p in driver.iterdir()) == ["libcuda.so.1", "libnvidia-ml.so.1"]
     assert f"the host's GPU driver from {system}" in shell.stderr
+
+
+# the tests' own cluster settings (tests/slurm/conftest.py), moved one port over: the shell's
+# cluster never meets the session's
+CLUSTER_DIR, CTLD_PORT, SLURMD_PORT0 = os.environ.get(
+    "DEEPDIVE_TEST_SLURM", "/tmp/deepdive-slurm-tests:16827:16950"
+).split(":")
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get("DEEPDIVE_SKIP_SLURM")) or shutil.which("slurmctld") is None,
+    reason="no Slurm here (DEEPDIVE_SKIP_SLURM, or Debian's Slurm not installed)",
+)
+def test_the_shells_slurm_runs_the_private_cluster(
+    tmp_path: Path, checkout: Path, host_nixpkgs: Path
+) -> None:
+    """Inside the shell, scripts/local-slurm.sh runs the shell's daemons (PATH's, with the
+    plugins beside them), not Debian's /usr/sbin ones, and a job runs on that cluster."""
+    a_venv(checkout)
+    cluster = Path(f"{CLUSTER_DIR}-dev-shell")
+    shutil.rmtree(cluster, ignore_errors=True)
+    env = {
+        "DEEPDIVE_SLURM_DIR": str(cluster),
+        "CTLD_PORT": str(int(CTLD_PORT) + 1),
+        "SLURMD_PORT0": str(int(SLURMD_PORT0) + 10),
+    }
+    script = """
+        set -e
+        trap 'scripts/local-slurm.sh down >/dev/null' EXIT
+        scripts/local-slurm.sh up >/dev/null
+        export SLURM_CONF=$DEEPDIVE_SLURM_DIR/slurm.conf
+        echo "daemon=$(command -v slurmctld)"
+        pid=$(cat "$DEEPDIVE_SLURM_DIR/slurm/run/slurmctld.pid")
+        echo "running=$(tr '\\0' '\\n' < "/proc/$pid/cmdline" | head -1)"
+        echo "plugins=$(sed -n 's/^PluginDir=//p' "$SLURM_CONF")"
+        sbatch --quiet --wait -o "$DEEPDIVE_SLURM_DIR/job.out" --wrap 'echo $SLURMD_NODENAME'
+        echo "ran=$(cat "$DEEPDIVE_SLURM_DIR/job.out")"
+    """
+    try:
+        shell = develop(tmp_path, checkout, host_nixpkgs, checkout, script, **env)
+    finally:
+        subprocess.run(
+            [str(ROOT / "scripts" / "local-slurm.sh"), "down"],
+            env={**os.environ, **env}, capture_output=True, timeout=180,
+        )  # fmt: skip
+    assert shell.returncode == 0, shell.stdout + shell.stderr[-3000:]
+    said = dict(line.split("=", 1) for line in shell.stdout.splitlines() if "=" in line)
+    daemon = said["daemon"]
+    assert daemon.startswith("/nix/store/") and daemon.endswith("-slurm/bin/slurmctld"), daemon
+    assert said["running"] == daemon  # not Debian's /usr/sbin/slurmctld
+    assert said["plugins"] == str(Path(daemon).parent.parent / "lib" / "slurm"), said
+    assert said["ran"] in ("n1", "n2"), said
+
+
+if __name__ == "__main__":
+    print(write_host_nixpkgs(Path(sys.argv[1])))

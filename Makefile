@@ -102,8 +102,9 @@ image-context: setup
 image-cpu: setup
 	scripts/containers.sh cpu
 
+# NOTEST=1: build without %test (a host with no GPU driver), then `apptainer test --nv` on a GPU node
 image:
-	scripts/containers.sh train
+	NOTEST=$(NOTEST) scripts/containers.sh train
 
 ci-container: setup
 	scripts/containers.sh ci

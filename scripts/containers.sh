@@ -203,7 +203,11 @@ train() {
     exit 2
   fi
   context
-  apptainer build --build-arg-file "$BUILD/train.args" "${IMAGE:-deepdive-train.sif}" containers/train.def
+  # NOTEST=1: --notest, for a build host without a GPU driver (%test imports need libcuda);
+  # then `apptainer test --nv IMAGE` on a GPU node (`make gpu-smoke` step 1 runs it)
+  local notest=()
+  [[ ${NOTEST:-0} == 0 ]] || notest=(--notest)
+  apptainer build "${notest[@]}" --build-arg-file "$BUILD/train.args" "${IMAGE:-deepdive-train.sif}" containers/train.def
 }
 
 pin() {

@@ -239,6 +239,18 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
     assert f"args: TRAIN_BASE_TAG={name}:{tag}" in lines  # kept, as a label
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert f"args: VERSION={version}" in lines  # the label submit compares
+    record.unlink()
+    notest = subprocess.run(
+        ["make", "-C", str(checkout), "image", "NOTEST=1"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "APPTAINER_RECORD": str(record)},
+    )  # fmt: skip
+    # a build host without a GPU driver: %test is left to `apptainer test --nv` on a GPU node
+    assert notest.returncode == 0, notest.stderr
+    assert record.read_text().splitlines()[0] == (
+        f"argv: build --notest --build-arg-file {build}/train.args deepdive-train.sif "
+        "containers/train.def"
+    )
     for version, builds in (("1.3.6", True), ("1.2.0", True), ("1.1.9", False)):
         record.unlink(missing_ok=True)
         other = subprocess.run(

@@ -123,6 +123,9 @@ pin-images:
 # experiment's nodes and image (EXPERIMENT=configs/x.toml, waiting for its report).
 # MODEL=/models/Qwen2.5-0.5B-Instruct for steps 4 and 5; ONLY=1,6 for some steps.
 SMOKE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+# IMAGE=deepdive-train.sif: first the image's own %test with the node's driver
+# (`apptainer test --nv`: what `make image NOTEST=1` left out), stopping there when it fails.
 gpu-smoke:
+	$(if $(IMAGE),apptainer test --nv $(IMAGE))
 	$(SMOKE_PYTHON) -m slurm.cli smoke $(EXPERIMENT) $(if $(EXPERIMENT),--wait) \
 		$(if $(MODEL),--model $(MODEL)) $(if $(ONLY),--only $(ONLY))

@@ -35,7 +35,8 @@ def entries(lock: Path) -> list[tuple[str, str, str, list[str]]]:
 
 
 def main() -> None:
-    lock = Path(sys.argv[1])
+    dry_run = "--dry-run" in sys.argv[1:]  # print what pip would get, install nothing
+    lock = Path(next(arg for arg in sys.argv[1:] if arg != "--dry-run"))
     wanted = []
     for name, version, marker, hashes in entries(lock):
         try:
@@ -51,6 +52,9 @@ def main() -> None:
         pin = f"{name}=={version}" + (f" ; {marker}" if marker else "")
         wanted.append(" \\\n    ".join([pin, *hashes]))
     if not wanted:
+        return
+    if dry_run:
+        print("would install:\n" + "\n".join(wanted))
         return
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as requirements:
         requirements.write("\n".join(wanted) + "\n")

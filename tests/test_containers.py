@@ -188,6 +188,7 @@ FAKE_APPTAINER = """#!/bin/sh
   test -f containers/build/project/pyproject.toml && echo "project: yes"
   test -f containers/build/train.args && sed 's/^/args: /' containers/build/train.args
 } > "$APPTAINER_RECORD"
+exit "${FAKE_APPTAINER_EXIT:-0}"
 """
 
 
@@ -593,9 +594,28 @@ def test_the_services_never_run_on_a_uvicorn_minor_they_were_not_written_for(
     assert ours.returncode == 0, ours.stderr
 
 
-def test_install_from_lock_replaces_the_bases_uvicorn() -> None:
-    source = (CONTAINERS / "install_from_lock.py").read_text()
-    assert 'REPLACE = {"uvicorn"}' in source
+def test_install_from_lock_keeps_the_bases_packages_but_replaces_its_uvicorn(
+    fake_base: tuple[Path, Path],
+) -> None:
+    """Run with the fake base's own interpreter (as %post runs it with the image's): numpy stays
+    at the base's 1.26.4 (slime's Dockerfile pins it for Megatron), SGLang's uvicorn is replaced
+    by the lock's, what the base lacks comes from the lock with its hashes."""
+    python, _ = fake_base
+    result = subprocess.run(
+        [str(python), str(CONTAINERS / "install_from_lock.py"), "--dry-run",
+         str(ROOT / "requirements.lock")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lock = (ROOT / "requirements.lock").read_text()
+    pinned = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", lock, re.MULTILINE))
+    out = result.stdout
+    assert f"kept numpy 1.26.4 (the lock has {pinned['numpy']})" in out
+    assert f"replacing uvicorn 0.30.6 with the lock's {pinned['uvicorn']}" in out
+    wanted = out.split("would install:\n", 1)[1]
+    assert re.search(rf"^uvicorn=={re.escape(pinned['uvicorn'])}\b", wanted, re.MULTILINE)
+    assert re.search(r"^submitit==", wanted, re.MULTILINE) and "--hash=sha256:" in wanted
+    assert not re.search(r"^numpy==", wanted, re.MULTILINE)
 
 
 def test_sglang_is_checked_by_its_tree_not_its_version_string(
@@ -615,3 +635,29 @@ def test_sglang_is_checked_by_its_tree_not_its_version_string(
     dist(site, "sglang", pinned)  # a wheel in site-packages: not the patched tree
     elsewhere = train_checks(python, "sglang", str(tree), pinned)
     assert elsewhere.returncode != 0 and "not from the patched tree" in elsewhere.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_gpu_smoke_runs_the_images_own_test_with_the_driver_first(tmp_path: Path) -> None:
+    """`make gpu-smoke IMAGE=…` on a GPU node: `apptainer test --nv IMAGE` (the %test a
+    `make image NOTEST=1` build left out), then the kit; a failed %test stops it there."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "apptainer").write_text(FAKE_APPTAINER)
+    (tools / "apptainer").chmod(0o755)
+    record = tmp_path / "apptainer.txt"
+
+    def smoke(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", "-s", "-C", str(ROOT), "gpu-smoke", "IMAGE=/images/train.sif",
+             "SMOKE_PYTHON=echo kit"],
+            capture_output=True, text=True, timeout=60,
+            env={"PATH": f"{tools}:/usr/bin:/bin", "APPTAINER_RECORD": str(record), **env},
+        )  # fmt: skip
+
+    passed = smoke()
+    assert passed.returncode == 0, passed.stderr
+    assert record.read_text().splitlines()[0] == "argv: test --nv /images/train.sif"
+    assert passed.stdout.strip() == "kit -m slurm.cli smoke"
+    failed = smoke(FAKE_APPTAINER_EXIT="1")
+    assert failed.returncode != 0 and "kit" not in failed.stdout

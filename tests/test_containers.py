@@ -275,7 +275,7 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
 # slime's real training path with everything slime's docker/Dockerfile adds (at 624b824: Transformer
 # Engine line 60, apex's CUDA extensions line 66, torch_memory_saver line 77, requirements.txt
 # line 105, numpy 1.x line 109, the router build line 111, the Megatron patches lines 118-133,
-# the SGLang patches lines 137-150), checks slime's patches are applied, and fails on `pip check`.
+# the SGLang patches lines 137-150), checks the base's patches are applied and are the pin's, and fails on a new `pip check` conflict.
 # The image itself is built where a registry is reachable (`make image`).
 
 TRAIN = CONTAINERS / "train.def"
@@ -426,7 +426,11 @@ def test_the_test_section_checks_slimes_patches_in_dockerfile_order() -> None:
         "/sgl-workspace/sglang": list(SGLANG_PATCHES),
         "/opt/Megatron-LM": list(MEGATRON_PATCHES),
     }
-    assert "patches=/opt/slime/docker/patch/latest" in percent_test()  # the pinned commit's patches
+    # the patches the base's own build applied (kept by %post before the pin is checked out)
+    assert "patches=/opt/deepdive-slurm/base-patches" in percent_test()
+    post = sections(TRAIN)["post"]
+    keep = post.index("cp -r /opt/slime/docker/patch/latest /opt/deepdive-slurm/base-patches")
+    assert keep < post.index("git -C /opt/slime checkout --quiet {{ SLIME_COMMIT }}")
 
 
 def applied_function() -> str:
@@ -661,3 +665,55 @@ def test_gpu_smoke_runs_the_images_own_test_with_the_driver_first(tmp_path: Path
     assert passed.stdout.strip() == "kit -m slurm.cli smoke"
     failed = smoke(FAKE_APPTAINER_EXIT="1")
     assert failed.returncode != 0 and "kit" not in failed.stdout
+
+
+def patch_checks(root: Path) -> str:
+    """%test's patch checks (from `applied` to the comparison with the pin's patches), on a
+    fake base under ROOT: its /opt and /sgl-workspace moved there."""
+    shell = percent_test()
+    start = shell.index("applied() {")
+    end = shell.index("fi\n", shell.index('diff -r "$patches"')) + 3
+    fragment = substituted(shell[start:end])
+    return fragment.replace("/opt/", f"{root}/opt/").replace(
+        "/sgl-workspace/", f"{root}/sgl-workspace/"
+    )
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the check runs git apply")
+def test_the_patch_checks_on_a_fake_base(tmp_path: Path) -> None:
+    """A base built from another slime commit (a nightly from a branch): its own patches
+    applied pass; the pin's patches differing fails, naming the base's commit; a base
+    patch not applied fails."""
+    root = tmp_path / "root"
+    tree = root / "sgl-workspace" / "sglang"
+    tree.mkdir(parents=True)
+    (tree / "server.py").write_text("top_p = 1.0\n")
+    (root / "opt" / "Megatron-LM").mkdir(parents=True)
+    base = root / "opt" / "deepdive-slurm" / "base-patches"
+    pinned = root / "opt" / "slime" / "docker" / "patch" / "latest"
+    base.mkdir(parents=True)
+    pinned.mkdir(parents=True)
+    (root / "opt" / "deepdive-slurm" / "base-slime-commit.txt").write_text("06ffdbe22\n")
+    patch = (
+        "diff --git a/server.py b/server.py\n--- a/server.py\n+++ b/server.py\n"
+        "@@ -1 +1 @@\n-top_p = 1.0\n+top_p = 0.9\n"
+    )
+    (base / "sglang.patch").write_text(patch)
+    (pinned / "sglang.patch").write_text(patch)
+    subprocess.run(["git", "apply", str(base / "sglang.patch")], cwd=tree, check=True)
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["sh", "-eu"], input=patch_checks(root), capture_output=True, text=True, timeout=60
+        )
+
+    same = check()
+    assert same.returncode == 0, same.stderr
+    (pinned / "sglang.patch").write_text(patch.replace("0.9", "0.95"))
+    other = check()
+    assert other.returncode == 1
+    assert "built with slime 06ffdbe22's patches, which differ from" in other.stderr
+    (pinned / "sglang.patch").write_text(patch)
+    subprocess.run(["git", "apply", "-R", str(base / "sglang.patch")], cwd=tree, check=True)
+    missing = check()
+    assert missing.returncode == 1 and "sglang.patch is not applied" in missing.stderr

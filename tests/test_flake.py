@@ -265,6 +265,10 @@ def test_the_lint_checks_ruff_is_the_locks_by_version_and_hash() -> None:
     )
     assert pinned is not None, f"the lock does not pin ruff=={version.group(1)}"
     assert set(hashes) <= set(re.findall(r"sha256:(\w+)", pinned.group(1)))
+    for system, arch in (("x86_64-linux", "x86_64"), ("aarch64-linux", "aarch64")):
+        wheel = re.search(rf'{system} = \{{\s*url = "[^"]+/([^"/]+)";', flake)
+        assert wheel is not None, system
+        assert wheel.group(1) == f"ruff-{version.group(1)}-py3-none-musllinux_1_2_{arch}.whl"
 
 
 def a_venv(checkout: Path) -> Path:

@@ -275,7 +275,8 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
 # slime's real training path with everything slime's docker/Dockerfile adds (at 624b824: Transformer
 # Engine line 60, apex's CUDA extensions line 66, torch_memory_saver line 77, requirements.txt
 # line 105, numpy 1.x line 109, the router build line 111, the Megatron patches lines 118-133,
-# the SGLang patches lines 137-150), checks the base's patches are applied and are the pin's, and fails on a new `pip check` conflict.
+# the SGLang patches lines 137-150), checks the base's patches are applied and are the pin's,
+# and fails on a `pip check` conflict the bare base did not have.
 # The image itself is built where a registry is reachable (`make image`).
 
 TRAIN = CONTAINERS / "train.def"

@@ -102,8 +102,9 @@ image-context: setup
 image-cpu: setup
 	scripts/containers.sh cpu
 
+# NOTEST=1: build without %test (a host with no GPU driver), then `apptainer test --nv` on a GPU node
 image:
-	scripts/containers.sh train
+	NOTEST=$(NOTEST) scripts/containers.sh train
 
 ci-container: setup
 	scripts/containers.sh ci
@@ -122,6 +123,9 @@ pin-images:
 # experiment's nodes and image (EXPERIMENT=configs/x.toml, waiting for its report).
 # MODEL=/models/Qwen2.5-0.5B-Instruct for steps 4 and 5; ONLY=1,6 for some steps.
 SMOKE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+# IMAGE=deepdive-train.sif: first the image's own %test with the node's driver
+# (`apptainer test --nv`: what `make image NOTEST=1` left out), stopping there when it fails.
 gpu-smoke:
+	$(if $(IMAGE),apptainer test --nv $(IMAGE))
 	$(SMOKE_PYTHON) -m slurm.cli smoke $(EXPERIMENT) $(if $(EXPERIMENT),--wait) \
 		$(if $(MODEL),--model $(MODEL)) $(if $(ONLY),--only $(ONLY))

@@ -1,0 +1,216 @@
+"""One self-contained HTML page of a run's episodes: the per-step statistics as inline SVG plots
+and a filterable list of episodes that open to their turns. No network: the CSS and the script
+are inline, so the page opens from a laptop's disk, a cluster's shared folder or an e-mail.
+
+Everything the model wrote is escaped (a model in RL writes anything, `</script>` included); the
+filter box takes the terms `--where` takes (reward=1 status=aborted tool=open, a bare word is
+text=), checked on data attributes the page carries per episode."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+
+from slurm.trajectories import WHERE_KEYS, Episode, StepStats, Turn, counted_calls, step_stats
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
+OBSERVATION_CHARS = 20_000  # per observation on the page (the recorded length is shown)
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
+h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.5em}
+.plots{display:flex;flex-wrap:wrap;gap:12px}
+.plot{background:#fff;border:1px solid #ddd;border-radius:4px}
+.plot text{font-size:11px;fill:#444}
+#filter{width:32em;padding:4px;font:inherit}
+.episode{background:#fff;border:1px solid #ddd;border-radius:4px;margin:4px 0;padding:2px 8px}
+.episode>summary{cursor:pointer;padding:4px 0}
+.reward1{color:#2a7a2a;font-weight:bold}.reward0{color:#a33;font-weight:bold}
+.turn{border-left:3px solid #1f77b4;margin:8px 0;padding:2px 10px}
+.turn pre,.meta pre{white-space:pre-wrap;word-break:break-word;margin:4px 0}
+.call{color:#075;font-family:monospace}.bad{color:#b00}
+.observation pre{background:#f3f3f3;padding:6px;max-height:30em;overflow:auto}
+.muted{color:#777}
+"""
+
+# The filter: every term must match; KEY=VALUE on the episode's data attributes, a bare word
+# (or text=...) anywhere in its text. The same rules as slurm.trajectories.Where.
+SCRIPT = """
+(function(){
+  var box=document.getElementById('filter'), shown=document.getElementById('shown');
+  var episodes=Array.prototype.slice.call(document.querySelectorAll('.episode'));
+  function matches(e,term){
+    var i=term.indexOf('='), key=i<0?'text':term.slice(0,i).toLowerCase();
+    var value=(i<0?term:term.slice(i+1)).toLowerCase(), d=e.dataset;
+    if(key==='reward')return parseFloat(d.reward)===parseFloat(value);
+    if(key==='step')return d.step!==''&&parseFloat(d.step)===parseFloat(value);
+    if(key==='status')return d.status===value;
+    if(key==='tool')return (' '+d.tools+' ').indexOf(' '+value+' ')>=0;
+    if(key==='checkpoint')return d.checkpoint===value;
+    if(key==='id')return d.id===value;
+    if(key==='text')return e.textContent.toLowerCase().indexOf(value)>=0;
+    return false;
+  }
+  function apply(){
+    var terms=box.value.trim().split(/\\s+/).filter(function(t){return t;}), n=0;
+    episodes.forEach(function(e){
+      var ok=terms.every(function(t){return matches(e,t);});
+      e.hidden=!ok; if(ok)n++;
+    });
+    shown.textContent=n+' of '+episodes.length+' episodes';
+  }
+  box.addEventListener('input',apply); apply();
+})();
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def line_chart(
+    title: str, labels: Sequence[str], series: dict[str, list[float]], width: int = 360
+) -> str:
+    """An SVG line chart: one line per series over the labels (steps or checkpoints)."""
+    height, left, right, top, bottom = 200, 42, 10, 24, 34
+    values = [v for line in series.values() for v in line]
+    low, high = min([0.0, *values]), max([*values, 1e-9])
+    if high == low:
+        high = low + 1.0
+    span = max(1, len(labels) - 1)
+
+    def x(i: int) -> float:
+        return left + (width - left - right) * (i / span if len(labels) > 1 else 0.5)
+
+    def y(v: float) -> float:
+        return top + (height - top - bottom) * (1 - (v - low) / (high - low))
+
+    parts = [
+        f'<svg class="plot" width="{width}" height="{height}" role="img" aria-label="{_e(title)}">',
+        f'<text x="{left}" y="15" style="font-weight:bold">{_e(title)}</text>',
+        f'<line x1="{left}" y1="{y(low)}" x2="{width - right}" y2="{y(low)}" stroke="#999"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{y(low)}" stroke="#999"/>',
+        f'<text x="{left - 4}" y="{y(high) + 4}" text-anchor="end">{high:.3g}</text>',
+        f'<text x="{left - 4}" y="{y(low) + 4}" text-anchor="end">{low:.3g}</text>',
+    ]
+    ticks = sorted({0, len(labels) - 1, (len(labels) - 1) // 2})
+    for i in ticks:
+        anchor = "end" if i == len(labels) - 1 and i else "start" if i == 0 else "middle"
+        parts.append(
+            f'<text x="{x(i):.1f}" y="{height - bottom + 14}" text-anchor="{anchor}">'
+            f"{_e(labels[i])}</text>"
+        )
+    for n, (name, line) in enumerate(series.items()):
+        colour = PALETTE[n % len(PALETTE)]
+        points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(line))
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{points}"/>'
+        )
+        parts += [
+            f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.5" fill="{colour}">'
+            f"<title>{_e(name)} {_e(labels[i])}: {v:.3g}</title></circle>"
+            for i, v in enumerate(line)
+        ]
+        if len(series) > 1:
+            lx = left + 8 + 70 * n
+            parts.append(f'<text x="{lx}" y="{height - 6}" style="fill:{colour}">{_e(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def plots(stats: Sequence[StepStats]) -> str:
+    if not stats:
+        return '<p class="muted">no episodes</p>'
+    labels = [s.where for s in stats]
+    tools = sorted({name for s in stats for name in s.tool_calls})
+    charts = [
+        line_chart("reward (mean)", labels, {"reward": [s.reward for s in stats]}),
+        line_chart(
+            "tool calls per episode",
+            labels,
+            {t: [s.tool_calls.get(t, 0.0) for s in stats] for t in tools} or {"none": [0.0]},
+        ),
+        line_chart("turns per episode", labels, {"turns": [s.turns for s in stats]}),
+        line_chart(
+            "episode outcomes (share)",
+            labels,
+            {
+                "finished": [s.finished for s in stats],
+                "truncated": [s.truncated for s in stats],
+                "aborted": [s.aborted for s in stats],
+                "malformed": [s.malformed for s in stats],
+            },
+        ),
+        line_chart("episodes", labels, {"episodes": [float(s.episodes) for s in stats]}),
+    ]
+    return '<div class="plots">' + "".join(charts) + "</div>"
+
+
+def _turn(number: int, turn: Turn) -> str:
+    parts = [f'<div class="turn"><div class="muted">turn {number}</div>']
+    parts.append(f"<pre>{_e(turn.text or '(no text)')}</pre>")
+    if turn.tool:
+        arguments = json.dumps(turn.arguments or {}, ensure_ascii=False)
+        parts.append(f'<div class="call">→ {_e(turn.tool)} {_e(arguments)}</div>')
+    if turn.call_error:
+        parts.append(f'<div class="bad">malformed call: {_e(turn.call_error)}</div>')
+    if turn.observation is not None:
+        text = turn.observation[:OBSERVATION_CHARS]
+        parts.append(
+            f'<details class="observation"><summary>observation ({turn.observation_chars} '
+            f"chars)</summary><pre>{_e(text)}</pre></details>"
+        )
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _episode(episode: Episode) -> str:
+    calls = counted_calls(episode)
+    tools = " ".join(sorted(calls))
+    summary = " · ".join(
+        [
+            _e(episode.where),
+            _e(f"{episode.id} #{episode.sample}"),
+            f'<span class="{"reward1" if episode.reward > 0 else "reward0"}">reward '
+            f"{episode.reward:g}</span>",
+            _e(episode.status),
+            f"{len(episode.turns)} turns",
+            _e(" ".join(f"{k} {v}" for k, v in sorted(calls.items())) or "no calls"),
+            _e(episode.question[:120]),
+        ]
+    )
+    attributes = {
+        "reward": f"{episode.reward:g}",
+        "status": episode.status.lower(),
+        "tools": tools,
+        "step": "" if episode.step is None else str(episode.step),
+        "checkpoint": (episode.checkpoint or "").lower(),
+        "id": episode.id.lower(),
+    }
+    data = " ".join(f'data-{k}="{_e(v)}"' for k, v in attributes.items())
+    meta = (
+        f'<div class="meta"><pre><b>question</b> {_e(episode.question)}\n<b>label</b> '
+        f"{_e(episode.label)}   <b>answer</b> "
+        f"{_e(episode.answer if episode.answer is not None else '-')}"
+        + (f"\n<b>reason</b> {_e(episode.reason)}" if episode.reason else "")
+        + "</pre></div>"
+    )
+    turns = "".join(_turn(i, t) for i, t in enumerate(episode.turns, 1))
+    return f'<details class="episode" {data}><summary>{summary}</summary>{meta}{turns}</details>'
+
+
+def render_page(title: str, episodes: Sequence[Episode], plotted: Sequence[Episode]) -> str:
+    """The page: plots over `plotted` (every episode of the run), the list of `episodes` (those
+    chosen by --step/--where)."""
+    keys = ", ".join(f"{k}=" for k in WHERE_KEYS)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>"
+        f"<h1>{_e(title)}</h1><h2>Per-step statistics</h2>{plots(step_stats(plotted))}"
+        f'<h2>Episodes</h2><p><input id="filter" type="search" '
+        f'placeholder="filter: {_e(keys)} or a word" aria-label="filter"> '
+        f'<span id="shown"></span></p><div id="episodes">'
+        + "".join(_episode(e) for e in episodes)
+        + f"</div><script>{SCRIPT}</script></body></html>\n"
+    )

@@ -113,7 +113,12 @@ def headless_chromium(log: Path, timeout_s: float = 60.0) -> Iterator[Browser]:
             options = {
                 "binary": binary,
                 # --no-sandbox: the tests run as root in CI, where Chromium's sandbox refuses
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+                "args": [
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                ],
             }
             reply = client.post(
                 "/session",

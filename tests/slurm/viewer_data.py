@@ -74,10 +74,12 @@ def write_eval_folder(folder: Path, checkpoints: tuple[str, ...] = ("base", "ste
     """An eval output folder (results.jsonl) of each trajectory under each checkpoint."""
     rows = []
     for checkpoint in checkpoints:
-        for index, (qid, question, text, reward, status, calls, label) in enumerate(
-            trajectories()
-        ):
-            row = {"id": qid, "label": label, "input_messages": [{"role": "user", "content": question}]}
+        for index, (qid, question, text, reward, status, calls, label) in enumerate(trajectories()):
+            row = {
+                "id": qid,
+                "label": label,
+                "input_messages": [{"role": "user", "content": question}],
+            }
             sample = LocalSample(
                 index=index,
                 response=text,

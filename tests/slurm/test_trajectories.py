@@ -1,0 +1,177 @@
+"""`deepdive trajectories`: episodes read from what `deepdive eval` writes, filtered as asked,
+printed turn by turn, and written as one self-contained page that a real browser renders,
+filters and opens (Chromium through chromium-driver; skipped, saying why, without them)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.base.errors import ConfigError
+from slurm.trajectories import Where, load_episodes, select, split_turns, step_stats
+from slurm.trajectory_page import render_page
+from tests.browser import ELEMENT, Browser, headless_chromium, missing_browser
+from tests.slurm.viewer_data import HOSTILE, write_eval_folder
+
+DEEPDIVE = [sys.executable, "-m", "slurm.cli", "trajectories"]
+
+
+def deepdive(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DEEPDIVE, *args], capture_output=True, text=True, timeout=60, env=None)
+
+
+def test_an_eval_folder_reads_into_turns(tmp_path: Path) -> None:
+    episodes = load_episodes(write_eval_folder(tmp_path / "eval"))
+    assert len(episodes) == 8
+    first = episodes[0]
+    assert [t.tool for t in first.turns] == ["search", "open", "finish"]
+    assert first.turns[1].observation_chars == len("Glass harbour, population 4,100. " * 40)
+    assert first.turns[2].observation is None
+    hostile = next(e for e in episodes if e.id == "q-hostile")
+    assert hostile.turns[0].call_error and hostile.status == "TRUNCATED"
+
+
+def test_a_run_folder_reads_its_evals(tmp_path: Path) -> None:
+    write_eval_folder(tmp_path / "run" / "eval" / "20261204-010203", ("final",))
+    assert {e.checkpoint for e in load_episodes(tmp_path / "run")} == {"final"}
+
+
+def test_a_folder_without_episodes_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no episodes here"):
+        load_episodes(tmp_path)
+    (tmp_path / "results.jsonl").write_text('{"id": 1}\n[1]\n')
+    with pytest.raises(ConfigError, match=r"results.jsonl:2: expected a JSON object"):
+        load_episodes(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("terms", "ids"),
+    [
+        (["reward=1"], {"q-search-open"}),
+        (["status=aborted"], {"q-aborted"}),
+        (["tool=open"], {"q-search-open"}),
+        (["tool=search", "reward=0"], {"q-wrong", "q-aborted"}),
+        (["text=copper archive"], {"q-wrong"}),
+        (["text=population 4,100"], {"q-search-open"}),
+    ],
+)
+def test_where_keeps_the_matching_episodes(tmp_path: Path, terms: list[str], ids: set[str]) -> None:
+    episodes = load_episodes(write_eval_folder(tmp_path))
+    chosen = select(episodes, [Where.parse(t) for t in terms])
+    assert {e.id for e in chosen} == ids
+    assert len(chosen) == 2 * len(ids)  # both checkpoints
+
+
+@pytest.mark.parametrize("term", ["reward", "colour=red", "reward=high", "step=x"])
+def test_a_bad_where_is_named(term: str) -> None:
+    with pytest.raises(ConfigError, match="--where"):
+        Where.parse(term)
+
+
+def test_statistics_per_checkpoint(tmp_path: Path) -> None:
+    stats = step_stats(load_episodes(write_eval_folder(tmp_path)))
+    assert [s.where for s in stats] == ["base", "step_4"]
+    base = stats[0]
+    assert (base.episodes, base.reward, base.aborted, base.truncated) == (4, 0.25, 0.25, 0.25)
+    assert base.tool_calls == {"open": 0.25, "search": 0.75}
+    assert base.malformed == 0.25
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_any_trajectory_splits_without_raising(text: str) -> None:
+    turns = split_turns(text)
+    assert turns
+    assert all(t.observation is None or t.observation_chars == len(t.observation) for t in turns)
+
+
+def test_the_terminal_shows_turns_and_folds_observations(tmp_path: Path) -> None:
+    folder = write_eval_folder(tmp_path)
+    result = deepdive(str(folder), "--where", "tool=open", "--where", "checkpoint=base")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "turn 1" in out and "turn 3" in out and "q-search-open" in out
+    assert "observation (1320 chars)" in out and "more characters" in out
+    assert "q-wrong" not in out and "1 of 1 matching" in out
+    unfolded = deepdive(str(folder), "--where", "tool=open", "--unfold").stdout
+    assert "more characters" not in unfolded
+
+
+def test_a_bad_where_on_the_command_line_is_one_line(tmp_path: Path) -> None:
+    result = deepdive(str(write_eval_folder(tmp_path)), "--where", "colour=red")
+    assert result.returncode != 0
+    assert "--where 'colour=red'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_page_is_self_contained_and_escapes_the_model(tmp_path: Path) -> None:
+    folder = write_eval_folder(tmp_path)
+    page_path = tmp_path / "page.html"
+    result = deepdive(str(folder), "--html", str(page_path))
+    assert result.returncode == 0, result.stderr
+    page = page_path.read_text()
+    assert not re.search(r"<(script|img|link|iframe)[^>]*\b(src|href)=", page, re.IGNORECASE)
+    assert "http://" not in page and "<link" not in page
+    assert page.count("<script>") == 1  # ours; the model's is text
+    assert HOSTILE not in page and "&lt;/script&gt;" in page
+    assert page.count('<details class="episode"') == 8
+    assert page.count("<svg") == 5
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    reason = missing_browser()
+    if reason:
+        pytest.skip(reason)
+    with headless_chromium(tmp_path_factory.mktemp("browser") / "chromedriver.log") as session:
+        session.resize(1200, 900)
+        yield session
+
+
+@pytest.mark.slow
+def test_a_browser_renders_filters_and_opens_episodes(browser: Browser, tmp_path: Path) -> None:
+    episodes = load_episodes(write_eval_folder(tmp_path))
+    page = tmp_path / "page.html"
+    page.write_text(render_page("eval", episodes, episodes))
+    browser.open(page.as_uri())
+    assert browser.script("return document.querySelectorAll('svg polyline').length") >= 5
+    assert browser.find("#shown") and "8 of 8" in browser.script(
+        "return document.getElementById('shown').textContent"
+    )
+    rows = browser.find_all(".episode")
+    assert len(rows) == 8 and all(browser.displayed(row) for row in rows)
+
+    def visible_ids() -> list[str]:
+        return list(
+            browser.script(
+                "return Array.from(document.querySelectorAll('.episode'))"
+                ".filter(e => e.offsetParent !== null).map(e => e.dataset.id)"
+            )
+        )
+
+    browser.type(browser.find("#filter"), "tool=open")
+    assert visible_ids() == ["q-search-open", "q-search-open"]
+    browser.script("var f = document.getElementById('filter'); f.value = '';")
+    browser.type(browser.find("#filter"), "status=aborted checkpoint=step_4")
+    assert visible_ids() == ["q-aborted"]
+    browser.script("var f = document.getElementById('filter'); f.value = '';")
+    browser.type(browser.find("#filter"), "harbour")
+    assert set(visible_ids()) == {"q-search-open"}
+
+    first = browser.find(".episode")
+    turn = browser.find(".episode .turn")
+    assert not browser.displayed(turn)  # folded until opened
+    browser.click(browser.find(".episode > summary"))
+    assert browser.displayed(turn)
+    assert len([t for t in browser.find_all(".episode[open] .turn") if browser.displayed(t)]) == 3
+    observation = browser.find(".episode[open] .observation pre")
+    assert not browser.displayed(observation)  # observations folded inside an open episode
+    browser.click(browser.find(".episode[open] .observation > summary"))
+    assert browser.displayed(observation)
+    assert browser.script("return arguments[0].open", {ELEMENT: first}) is True

@@ -1,5 +1,5 @@
-"""The episodes a run or an eval left, as a person reads them: each episode's turns (the model's
-text, the call it parsed to, the observation), the filters `--where` and the page's box share,
+"""The episodes a run or an eval left, found and chosen for a person to read: where a folder
+keeps them (read by deepdive.trajectory_format), the filters `--where` and the page's box share,
 and the per-step statistics the page plots. Reading only: the recording is deepdive's."""
 
 from __future__ import annotations
@@ -7,60 +7,51 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from deepdive.protocol import (
-    OBSERVATION_CLOSE,
-    OBSERVATION_OPEN,
-    find_tool_calls,
+from deepdive.protocol import OBSERVATION_CLOSE, OBSERVATION_OPEN, find_tool_calls
+from deepdive.trajectory_format import (
+    STATUSES,
+    EpisodeRecord,
+    Status,
+    ToolCallRecord,
+    TurnRecord,
+    bounded,
+    read_episodes,
+    step_files,
 )
 from services.base.errors import ConfigError
 
 RESULTS = "results.jsonl"  # what `deepdive eval` writes (slurm/eval_report.py)
+TRAJECTORIES = "trajectories"  # a run's recorded steps (deepdive/trajectory_format.py)
 WHERE_KEYS = ("reward", "status", "tool", "text", "step", "checkpoint", "id")
 
 
-@dataclass(frozen=True)
-class Turn:
-    """One model turn: what it wrote, the call that parsed from it (or why none did), and the
-    observation that came back (kept bounded; `observation_chars` is its full length)."""
-
-    text: str
-    tool: str | None = None
-    arguments: dict[str, Any] | None = None
-    call_error: str | None = None
-    observation: str | None = None
-    observation_chars: int = 0
+def where_of(episode: EpisodeRecord) -> str:
+    """Where an episode comes from, in a few characters: `step 3`, `eval step 3`, or the
+    checkpoint an eval served."""
+    if episode.checkpoint is not None:
+        return episode.checkpoint
+    return f"{'eval ' if episode.evaluation else ''}step {episode.step}"
 
 
-@dataclass(frozen=True)
-class Episode:
-    step: int | None  # the training step; None for an eval's episode
-    checkpoint: str | None  # the eval's checkpoint; None for a training episode
-    id: str
-    sample: int
-    question: str
-    label: str
-    answer: str | None
-    reward: float
-    status: str  # COMPLETED, TRUNCATED, ABORTED, FAILED
-    reason: str | None  # the judge's reason or the rollout's error
-    turns: tuple[Turn, ...]
-    tool_calls: dict[str, int] = field(default_factory=dict)
+def reason_of(episode: EpisodeRecord) -> str | None:
+    return episode.judge_reason or episode.error
 
-    @property
-    def where(self) -> str:
-        """Where the episode comes from, in a few characters: `step 3` or the checkpoint."""
-        return f"step {self.step}" if self.step is not None else (self.checkpoint or "-")
 
-    def searchable(self) -> str:
-        """Everything a `text=` filter looks in, lower-cased."""
-        parts = [self.question, self.label, self.answer or "", self.reason or ""]
-        for turn in self.turns:
-            parts += [turn.text, turn.observation or ""]
-        return "\n".join(parts).lower()
+def searchable(episode: EpisodeRecord) -> str:
+    """Everything a `text=` filter looks in, lower-cased."""
+    parts = [episode.question, episode.label or "", episode.answer or "", reason_of(episode) or ""]
+    for turn in episode.turns:
+        parts += [turn.text, turn.observation or ""]
+    return "\n".join(parts).lower()
+
+
+def tools_of(episode: EpisodeRecord) -> dict[str, int]:
+    """The episode's calls by tool, as the record counts them (finish, malformed included)."""
+    return episode.tool_calls
 
 
 _OBSERVATION = re.compile(
@@ -68,10 +59,11 @@ _OBSERVATION = re.compile(
 )
 
 
-def split_turns(trajectory: str) -> tuple[Turn, ...]:
+def split_turns(trajectory: str) -> tuple[TurnRecord, ...]:
     """A trajectory's text (model text and observations interleaved, as the rollout builds it)
-    cut into turns: each model segment with the call parsed from it and the observation after."""
-    turns: list[Turn] = []
+    cut into turns: each model segment with the call parsed from it and the observation after.
+    For eval folders written before the recorded format, whose rows keep the text whole."""
+    turns: list[TurnRecord] = []
     start = 0
     for match in _OBSERVATION.finditer(trajectory):
         observation = match.group(1).strip("\n")
@@ -83,15 +75,15 @@ def split_turns(trajectory: str) -> tuple[Turn, ...]:
     return tuple(turns)
 
 
-def _turn(text: str, observation: str | None) -> Turn:
+def _turn(text: str, observation: str | None) -> TurnRecord:
     calls = find_tool_calls(text)
-    call = calls[0] if calls else None
-    return Turn(
+    found = calls[0] if calls else None
+    call = found.call if found else None
+    return TurnRecord(
         text=text.strip(),
-        tool=call.call.name if call and call.call else None,
-        arguments=dict(call.call.arguments) if call and call.call else None,
-        call_error=str(call.error) if call and call.error else None,
-        observation=observation,
+        call=ToolCallRecord(call.name, dict(call.arguments)) if call else None,
+        call_error=str(found.error) if found and found.error else None,
+        observation=None if observation is None else bounded(observation),
         observation_chars=len(observation or ""),
     )
 
@@ -104,61 +96,70 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-def episode_from_result(row: dict[str, Any]) -> Episode:
-    """One row of an eval's results.jsonl (slurm/eval_report.py's `episode_row`)."""
+def _legacy_result(row: dict[str, Any], where: str) -> EpisodeRecord:
+    """One row of an eval's results.jsonl from before the recorded format (eval_report's
+    old `episode_row`: the trajectory as one text, the status in capitals)."""
     label = row.get("label")
-    if isinstance(label, dict):
-        label = label.get("answer")
-    calls = row.get("tool_calls")
-    return Episode(
-        step=None,
-        checkpoint=_text(row.get("checkpoint")) or None,
-        id=_text(row.get("id")),
+    status = _text(row.get("status")).lower()
+    if status not in STATUSES:
+        raise ConfigError(f"{where}field 'status': expected one of {STATUSES}, got {status!r}")
+    answer = row.get("answer")
+    return EpisodeRecord(
+        step=0,
+        group=0,
         sample=int(_number(row.get("sample"))),
         question=_text(row.get("question")),
-        label=_text(label),
-        answer=None if row.get("answer") is None else _text(row.get("answer")),
-        reward=_number(row.get("reward")),
-        status=_text(row.get("status")).upper() or "UNKNOWN",
-        reason=None if row.get("error") is None else _text(row.get("error")),
+        label=_text(label.get("answer") if isinstance(label, dict) else label),
         turns=split_turns(_text(row.get("trajectory"))),
-        tool_calls={str(k): int(_number(v)) for k, v in calls.items()}
-        if isinstance(calls, dict)
-        else {},
+        answer=None if answer is None else _text(answer),
+        reward=_number(row.get("reward")),
+        status=cast(Status, status),
+        error=None if row.get("error") is None else _text(row.get("error")),
+        evaluation=True,
+        prompt_id=_text(row.get("id")),
+        checkpoint=_text(row.get("checkpoint")) or "-",
     )
 
 
-def read_results(path: Path) -> list[Episode]:
-    """An eval's results.jsonl; a line that is not a JSON object is named (file and line)."""
+def read_results(path: Path) -> list[EpisodeRecord]:
+    """An eval's results.jsonl: records in the trajectory format (its reader), or rows from
+    before it (each line tells which by its `format` field)."""
     import orjson
 
+    lines = path.read_bytes().splitlines()
+    first = next((line for line in lines if line.strip()), b"")
+    if not first or b'"format"' in first:
+        return list(read_episodes(path))
     episodes = []
-    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{path}, line {number}: "
         try:
             row = orjson.loads(line)
         except orjson.JSONDecodeError as error:
-            raise ConfigError(f"{path}:{number}: not JSON ({error})") from None
+            raise ConfigError(f"{where}not JSON ({error})") from None
         if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{number}: expected a JSON object per line")
-        episodes.append(episode_from_result(row))
+            raise ConfigError(f"{where}expected a JSON object, got {type(row).__name__}")
+        episodes.append(_legacy_result(row, where))
     return episodes
 
 
-def load_episodes(folder: Path) -> list[Episode]:
-    """The episodes under `folder`: an eval's output folder (results.jsonl), or a run folder
-    (its recorded trajectories; its evals' results beside them)."""
+def load_episodes(folder: Path) -> list[EpisodeRecord]:
+    """The episodes under `folder`: a run folder (its recorded steps in trajectories/, its
+    evals' results in eval/*/), a trajectories folder, or a `deepdive eval` output folder."""
     if not folder.is_dir():
         raise ConfigError(f"{folder}: no such folder (a run folder or a `deepdive eval` --out)")
     if (folder / RESULTS).is_file():
         return read_results(folder / RESULTS)
-    episodes: list[Episode] = []
+    episodes: list[EpisodeRecord] = []
+    for _, path in step_files(folder / TRAJECTORIES) or step_files(folder):
+        episodes += read_episodes(path)
     for results in sorted(folder.glob(f"eval/*/{RESULTS}")):
         episodes += read_results(results)
     if not episodes:
         raise ConfigError(
-            f"{folder}: no episodes here (no recorded trajectories and no {RESULTS}); "
+            f"{folder}: no episodes here (no {TRAJECTORIES}/step-*.jsonl.gz and no {RESULTS}); "
             "give a run folder or a `deepdive eval` output folder"
         )
     return episodes
@@ -187,37 +188,33 @@ class Where:
                 raise ConfigError(f"--where {term!r}: {key} takes a number") from None
         return cls(key, value.strip())
 
-    def matches(self, episode: Episode) -> bool:
+    def matches(self, episode: EpisodeRecord) -> bool:
         value = self.value.lower()
         if self.key == "reward":
             return episode.reward == float(value)
         if self.key == "step":
-            return episode.step is not None and episode.step == float(value)
+            return episode.step == float(value)
         if self.key == "status":
             return episode.status.lower() == value
         if self.key == "tool":
-            return any(turn.tool == value for turn in episode.turns) or bool(
-                episode.tool_calls.get(value)
-            )
+            return bool(tools_of(episode).get(value))
         if self.key == "checkpoint":
             return (episode.checkpoint or "").lower() == value
         if self.key == "id":
-            return episode.id.lower() == value
-        return value in episode.searchable()
+            return str(episode.prompt_id).lower() == value
+        return value in searchable(episode)
 
 
 def select(
-    episodes: Sequence[Episode],
+    episodes: Sequence[EpisodeRecord],
     wheres: Iterable[Where] = (),
     step: int | None = None,
     last: bool = False,
-) -> list[Episode]:
+) -> list[EpisodeRecord]:
     """The episodes of one step (`step`, or the newest with `last`) matching every filter."""
     chosen = list(episodes)
-    if last:
-        steps = [e.step for e in chosen if e.step is not None]
-        if steps:
-            step = max(steps)
+    if last and chosen:
+        step = max(e.step for e in chosen)
     if step is not None:
         chosen = [e for e in chosen if e.step == step]
     filters = list(wheres)
@@ -229,6 +226,7 @@ class StepStats:
     """The agent's statistics over one step's (or one checkpoint's) episodes."""
 
     where: str
+    evaluation: bool  # an evaluation's or an eval checkpoint's episodes, not training's
     episodes: int
     reward: float
     turns: float
@@ -239,44 +237,45 @@ class StepStats:
     tool_calls: dict[str, float]  # per episode, by tool
 
 
-def _groups(episodes: Sequence[Episode]) -> Iterator[tuple[str, list[Episode]]]:
-    grouped: dict[tuple[int, int | str], list[Episode]] = {}
+def _groups(
+    episodes: Sequence[EpisodeRecord],
+) -> Iterator[tuple[str, list[EpisodeRecord]]]:
+    """Training steps in order, then evaluations by step, then eval checkpoints in the order
+    the eval played them."""
+    grouped: dict[str, list[EpisodeRecord]] = {}
+    order: dict[str, tuple[int, int, int]] = {}
     for episode in episodes:
-        key: tuple[int, int | str] = (
-            (0, episode.step) if episode.step is not None else (1, episode.checkpoint or "-")
-        )
-        grouped.setdefault(key, []).append(episode)
-    for key in sorted(grouped, key=lambda k: (k[0], str(k[1]).zfill(12))):
-        yield grouped[key][0].where, grouped[key]
+        where = where_of(episode)
+        kind = 2 if episode.checkpoint is not None else 1 if episode.evaluation else 0
+        order.setdefault(where, (kind, episode.step if kind < 2 else 0, len(order)))
+        grouped.setdefault(where, []).append(episode)
+    for where in sorted(grouped, key=order.__getitem__):
+        yield where, grouped[where]
 
 
-def step_stats(episodes: Sequence[Episode]) -> list[StepStats]:
-    """One row per step (in order), then one per eval checkpoint."""
+def step_stats(episodes: Sequence[EpisodeRecord]) -> list[StepStats]:
+    """One row per training step (in order), per evaluation, per eval checkpoint."""
     rows = []
     for where, group in _groups(episodes):
         n = len(group)
-        statuses = Counter(e.status for e in group)
+        statuses = Counter(e.status.lower() for e in group)
         calls: Counter[str] = Counter()
         for episode in group:
-            calls.update(counted_calls(episode))
+            calls.update(
+                {k: v for k, v in tools_of(episode).items() if k not in ("finish", "malformed")}
+            )
         rows.append(
             StepStats(
                 where=where,
+                evaluation=group[0].evaluation or group[0].checkpoint is not None,
                 episodes=n,
                 reward=sum(e.reward for e in group) / n,
                 turns=sum(len(e.turns) for e in group) / n,
-                finished=statuses["COMPLETED"] / n,
-                truncated=statuses["TRUNCATED"] / n,
-                aborted=statuses["ABORTED"] / n,
+                finished=statuses["completed"] / n,
+                truncated=statuses["truncated"] / n,
+                aborted=statuses["aborted"] / n,
                 malformed=sum(1 for e in group if any(t.call_error for t in e.turns)) / n,
                 tool_calls={name: count / n for name, count in sorted(calls.items())},
             )
         )
     return rows
-
-
-def counted_calls(episode: Episode) -> dict[str, int]:
-    """The episode's tool calls by tool: the recorded counts, else those parsed from its turns."""
-    if episode.tool_calls:
-        return dict(episode.tool_calls)
-    return dict(Counter(turn.tool for turn in episode.turns if turn.tool))

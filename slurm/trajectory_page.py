@@ -12,10 +12,17 @@ import html
 import json
 from collections.abc import Sequence
 
-from slurm.trajectories import WHERE_KEYS, Episode, StepStats, Turn, counted_calls, step_stats
+from deepdive.trajectory_format import EpisodeRecord, TurnRecord
+from slurm.trajectories import (
+    WHERE_KEYS,
+    StepStats,
+    reason_of,
+    step_stats,
+    tools_of,
+    where_of,
+)
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
-OBSERVATION_CHARS = 20_000  # per observation on the page (the recorded length is shown)
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
@@ -44,7 +51,7 @@ SCRIPT = """
     var i=term.indexOf('='), key=i<0?'text':term.slice(0,i).toLowerCase();
     var value=(i<0?term:term.slice(i+1)).toLowerCase(), d=e.dataset;
     if(key==='reward')return parseFloat(d.reward)===parseFloat(value);
-    if(key==='step')return d.step!==''&&parseFloat(d.step)===parseFloat(value);
+    if(key==='step')return parseFloat(d.step)===parseFloat(value);
     if(key==='status')return d.status===value;
     if(key==='tool')return (' '+d.tools+' ').indexOf(' '+value+' ')>=0;
     if(key==='checkpoint')return d.checkpoint===value;
@@ -120,8 +127,18 @@ def line_chart(
 
 
 def plots(stats: Sequence[StepStats]) -> str:
-    if not stats:
-        return '<p class="muted">no episodes</p>'
+    """Training's steps and the evaluations apart (one x axis each): the charts of each."""
+    training = [s for s in stats if not s.evaluation]
+    evaluations = [s for s in stats if s.evaluation]
+    parts = []
+    if training:
+        parts.append(f"<h2>Per-step statistics (training)</h2>{_charts(training)}")
+    if evaluations:
+        parts.append(f"<h2>Evaluations</h2>{_charts(evaluations)}")
+    return "".join(parts) or '<p class="muted">no episodes</p>'
+
+
+def _charts(stats: Sequence[StepStats]) -> str:
     labels = [s.where for s in stats]
     tools = sorted({name for s in stats for name in s.tool_calls})
     charts = [
@@ -147,16 +164,19 @@ def plots(stats: Sequence[StepStats]) -> str:
     return '<div class="plots">' + "".join(charts) + "</div>"
 
 
-def _turn(number: int, turn: Turn) -> str:
-    parts = [f'<div class="turn"><div class="muted">turn {number}</div>']
+def _turn(number: int, turn: TurnRecord) -> str:
+    tokens = f" · {turn.tokens} tokens" if turn.tokens else ""
+    parts = [f'<div class="turn"><div class="muted">turn {number}{tokens}</div>']
     parts.append(f"<pre>{_e(turn.text or '(no text)')}</pre>")
-    if turn.tool:
-        arguments = json.dumps(turn.arguments or {}, ensure_ascii=False)
-        parts.append(f'<div class="call">→ {_e(turn.tool)} {_e(arguments)}</div>')
+    if turn.call:
+        arguments = json.dumps(turn.call.arguments, ensure_ascii=False, default=str)
+        parts.append(f'<div class="call">→ {_e(turn.call.name)} {_e(arguments)}</div>')
     if turn.call_error:
         parts.append(f'<div class="bad">malformed call: {_e(turn.call_error)}</div>')
+    if turn.tool_error:
+        parts.append(f'<div class="bad">tool error: {_e(turn.tool_error)}</div>')
     if turn.observation is not None:
-        text = turn.observation[:OBSERVATION_CHARS]
+        text = turn.observation
         parts.append(
             f'<details class="observation"><summary>observation ({turn.observation_chars} '
             f"chars)</summary><pre>{_e(text)}</pre></details>"
@@ -165,13 +185,13 @@ def _turn(number: int, turn: Turn) -> str:
     return "".join(parts)
 
 
-def _episode(episode: Episode) -> str:
-    calls = counted_calls(episode)
+def _episode(episode: EpisodeRecord) -> str:
+    calls = tools_of(episode)
     tools = " ".join(sorted(calls))
     summary = " · ".join(
         [
-            _e(episode.where),
-            _e(f"{episode.id} #{episode.sample}"),
+            _e(where_of(episode)),
+            _e(f"{episode.prompt_id} g{episode.group} #{episode.sample}"),
             f'<span class="{"reward1" if episode.reward > 0 else "reward0"}">reward '
             f"{episode.reward:g}</span>",
             _e(episode.status),
@@ -184,30 +204,32 @@ def _episode(episode: Episode) -> str:
         "reward": f"{episode.reward:g}",
         "status": episode.status.lower(),
         "tools": tools,
-        "step": "" if episode.step is None else str(episode.step),
+        "step": str(episode.step),
         "checkpoint": (episode.checkpoint or "").lower(),
-        "id": episode.id.lower(),
+        "id": str(episode.prompt_id).lower(),
     }
     data = " ".join(f'data-{k}="{_e(v)}"' for k, v in attributes.items())
     meta = (
         f'<div class="meta"><pre><b>question</b> {_e(episode.question)}\n<b>label</b> '
-        f"{_e(episode.label)}   <b>answer</b> "
+        f"{_e(episode.label or '-')}   <b>answer</b> "
         f"{_e(episode.answer if episode.answer is not None else '-')}"
-        + (f"\n<b>reason</b> {_e(episode.reason)}" if episode.reason else "")
+        + (f"\n<b>reason</b> {_e(reason_of(episode))}" if reason_of(episode) else "")
         + "</pre></div>"
     )
     turns = "".join(_turn(i, t) for i, t in enumerate(episode.turns, 1))
     return f'<details class="episode" {data}><summary>{summary}</summary>{meta}{turns}</details>'
 
 
-def render_page(title: str, episodes: Sequence[Episode], plotted: Sequence[Episode]) -> str:
+def render_page(
+    title: str, episodes: Sequence[EpisodeRecord], plotted: Sequence[EpisodeRecord]
+) -> str:
     """The page: plots over `plotted` (every episode of the run), the list of `episodes` (those
     chosen by --step/--where)."""
     keys = ", ".join(f"{k}=" for k in WHERE_KEYS)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>"
-        f"<h1>{_e(title)}</h1><h2>Per-step statistics</h2>{plots(step_stats(plotted))}"
+        f"<h1>{_e(title)}</h1>{plots(step_stats(plotted))}"
         f'<h2>Episodes</h2><p><input id="filter" type="search" '
         f'placeholder="filter: {_e(keys)} or a word" aria-label="filter"> '
         f'<span id="shown"></span></p><div id="episodes">'

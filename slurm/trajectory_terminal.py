@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from slurm.trajectories import Episode, Turn, counted_calls
+from deepdive.trajectory_format import EpisodeRecord, TurnRecord
+from slurm.trajectories import reason_of, tools_of, where_of
 
 FOLDED_LINES = 3
 FOLDED_CHARS = 240
@@ -23,42 +24,46 @@ def fold(observation: str, lines: int = FOLDED_LINES, chars: int = FOLDED_CHARS)
     return head + (f"\n… {left} more characters" if left > 0 else "")
 
 
-def header(episode: Episode) -> Text:
-    calls = " ".join(f"{name} {n}" for name, n in sorted(counted_calls(episode).items()))
-    colour = "green" if episode.reward > 0 else "red" if episode.status != "COMPLETED" else "yellow"
+def header(episode: EpisodeRecord) -> Text:
+    calls = " ".join(f"{name} {n}" for name, n in sorted(tools_of(episode).items()))
+    colour = "green" if episode.reward > 0 else "red" if episode.status != "completed" else "yellow"
     text = Text()
-    text.append(f"{episode.where} · {episode.id} #{episode.sample} · ")
+    text.append(f"{where_of(episode)} · {episode.prompt_id} g{episode.group} #{episode.sample} · ")
     text.append(f"reward {episode.reward:g} · {episode.status}", style=f"bold {colour}")
     text.append(f" · {len(episode.turns)} turns" + (f" · {calls}" if calls else ""))
     return text
 
 
-def turn_block(number: int, turn: Turn, unfold: bool) -> Panel:
+def turn_block(number: int, turn: TurnRecord, unfold: bool) -> Panel:
     parts: list[Text] = [Text(turn.text or "(no text)")]
-    if turn.tool:
-        parts.append(Text(f"→ {turn.tool} {turn.arguments or {}}", style="cyan"))
+    if turn.call:
+        parts.append(Text(f"→ {turn.call.name} {turn.call.arguments}", style="cyan"))
     if turn.call_error:
         parts.append(Text(f"malformed call: {turn.call_error}", style="red"))
+    if turn.tool_error:
+        parts.append(Text(f"tool error: {turn.tool_error}", style="red"))
     if turn.observation is not None:
         shown = turn.observation if unfold else fold(turn.observation)
         parts.append(Text(f"observation ({turn.observation_chars} chars)", style="dim bold"))
+        # the record keeps at most OBSERVATION_CHARS of it; observation_chars is its full length
         parts.append(Text(shown, style="dim"))
     return Panel(Group(*parts), title=f"turn {number}", title_align="left", border_style="blue")
 
 
 def print_episodes(
-    episodes: Sequence[Episode], console: Console, limit: int, unfold: bool = False
+    episodes: Sequence[EpisodeRecord], console: Console, limit: int, unfold: bool = False
 ) -> None:
     for episode in episodes[:limit]:
         body: list[Text | Panel] = [
             Text.from_markup(f"[bold]question[/] {escape(episode.question)}"),
             Text.from_markup(
-                f"[bold]label[/] {escape(episode.label)}   [bold]answer[/] "
+                f"[bold]label[/] {escape(episode.label or '-')}   [bold]answer[/] "
                 f"{escape(episode.answer if episode.answer is not None else '-')}"
             ),
         ]
-        if episode.reason:
-            body.append(Text.from_markup(f"[bold]reason[/] {escape(episode.reason)}"))
+        reason = reason_of(episode)
+        if reason:
+            body.append(Text.from_markup(f"[bold]reason[/] {escape(reason)}"))
         body += [turn_block(i, turn, unfold) for i, turn in enumerate(episode.turns, 1)]
         console.print(Panel(Group(*body), title=header(episode), title_align="left"))
     shown = min(limit, len(episodes))

@@ -19,6 +19,13 @@ from hypothesis import strategies as st
 
 from deepdive.protocol import format_observation, format_tool_call
 from deepdive.sample import LocalSample, SampleStatus
+from deepdive.trajectory_format import (
+    EpisodeRecord,
+    Status,
+    ToolCallRecord,
+    TurnRecord,
+    write_step,
+)
 from services.base.errors import ConfigError
 from slurm.eval_report import episode_row
 from slurm.trajectories import Where, load_episodes, select, split_turns, step_stats
@@ -115,6 +122,51 @@ def write_eval_folder(folder: Path, checkpoints: tuple[str, ...] = ("base", "ste
     return folder
 
 
+def _record(
+    step: int, group: int, qid: str, turns: list[TurnRecord], reward: float, status: Status
+) -> EpisodeRecord:
+    return EpisodeRecord(
+        step=step,
+        group=group,
+        sample=0,
+        question=f"Question {qid}?",
+        label="Glass Harbour",
+        turns=tuple(turns),
+        answer="Glass Harbour" if reward else None,
+        reward=reward,
+        status=status,
+        judge_reason="correct" if reward else "wrong answer",
+        prompt_id=qid,
+    )
+
+
+def _turn(name: str, observation: str | None, **arguments: Any) -> TurnRecord:
+    return TurnRecord(
+        text=_call(name, **arguments),
+        tokens=12,
+        call=ToolCallRecord(name, arguments),
+        observation=observation,
+        observation_chars=len(observation or ""),
+    )
+
+
+def write_run_folder(folder: Path, steps: int = 3) -> Path:
+    """A run folder as training leaves it: one step file per step (the format's own writer),
+    more searches and more reward as the steps go."""
+    for step in range(1, steps + 1):
+        records = []
+        for group in range(4):
+            searches = [_turn("search", "[1] a result", query=f"q{i}") for i in range(step)]
+            won = group < step
+            finish = _turn("finish", None, answer="Glass Harbour" if won else "no")
+            status: Status = "completed" if group < 3 else "aborted"
+            records.append(
+                _record(step, group, f"s{step}g{group}", [*searches, finish], float(won), status)
+            )
+        write_step(folder / "trajectories", step, records)
+    return folder
+
+
 def deepdive(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*DEEPDIVE, *args], capture_output=True, text=True, timeout=60, env=None)
 
@@ -123,11 +175,11 @@ def test_an_eval_folder_reads_into_turns(tmp_path: Path) -> None:
     episodes = load_episodes(write_eval_folder(tmp_path / "eval"))
     assert len(episodes) == 8
     first = episodes[0]
-    assert [t.tool for t in first.turns] == ["search", "open", "finish"]
+    assert [t.call.name if t.call else None for t in first.turns] == ["search", "open", "finish"]
     assert first.turns[1].observation_chars == len("Glass harbour, population 4,100. " * 40)
     assert first.turns[2].observation is None
-    hostile = next(e for e in episodes if e.id == "q-hostile")
-    assert hostile.turns[0].call_error and hostile.status == "TRUNCATED"
+    hostile = next(e for e in episodes if e.prompt_id == "q-hostile")
+    assert hostile.turns[0].call_error and hostile.status == "truncated"
 
 
 def test_a_run_folder_reads_its_evals(tmp_path: Path) -> None:
@@ -135,11 +187,51 @@ def test_a_run_folder_reads_its_evals(tmp_path: Path) -> None:
     assert {e.checkpoint for e in load_episodes(tmp_path / "run")} == {"final"}
 
 
+def test_a_run_folder_reads_its_recorded_steps(tmp_path: Path) -> None:
+    run = write_run_folder(tmp_path / "run")
+    episodes = load_episodes(run)
+    assert sorted({e.step for e in episodes}) == [1, 2, 3] and len(episodes) == 12
+    assert load_episodes(run / "trajectories") == episodes
+    assert {e.step for e in select(episodes, last=True)} == {3}
+    assert {e.prompt_id for e in select(episodes, step=2)} == {f"s2g{g}" for g in range(4)}
+    stats = step_stats(episodes)
+    assert [s.where for s in stats] == ["step 1", "step 2", "step 3"]
+    assert [s.reward for s in stats] == [0.25, 0.5, 0.75]
+    assert [s.tool_calls["search"] for s in stats] == [1.0, 2.0, 3.0]
+    assert [s.aborted for s in stats] == [0.25] * 3
+
+
+def test_an_old_eval_row_still_reads(tmp_path: Path) -> None:
+    """results.jsonl as `deepdive eval` wrote it before the recorded format (one text)."""
+    row = {
+        "checkpoint": "base",
+        "id": "q1",
+        "sample": 0,
+        "question": "Where?",
+        "label": "Here",
+        "answer": None,
+        "reward": 0.0,
+        "status": "ABORTED",
+        "turns": 1,
+        "tool_calls": {"search": 1},
+        "error": "sglang: 503",
+        "trajectory": _call("search", query="where") + format_observation("[1] here"),
+    }
+    (tmp_path / "results.jsonl").write_bytes(orjson.dumps(row) + b"\n")
+    (episode,) = load_episodes(tmp_path)
+    assert (episode.checkpoint, episode.status, episode.error) == ("base", "aborted", "sglang: 503")
+    assert episode.turns[0].call == ToolCallRecord("search", {"query": "where", "num": None})
+    assert episode.turns[0].observation == "[1] here"
+
+
 def test_a_folder_without_episodes_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no episodes here"):
         load_episodes(tmp_path)
-    (tmp_path / "results.jsonl").write_text('{"id": 1}\n[1]\n')
-    with pytest.raises(ConfigError, match=r"results.jsonl:2: expected a JSON object"):
+    (tmp_path / "results.jsonl").write_text('{"id": 1, "status": "aborted"}\n[1]\n')
+    with pytest.raises(ConfigError, match=r"results.jsonl, line 2: expected a JSON object"):
+        load_episodes(tmp_path)
+    (tmp_path / "results.jsonl").write_text('{"format": "deepdive.episode", "version": 9}\n')
+    with pytest.raises(ConfigError, match=r"results.jsonl, line 1: field 'version'"):
         load_episodes(tmp_path)
 
 
@@ -157,7 +249,7 @@ def test_a_folder_without_episodes_is_named(tmp_path: Path) -> None:
 def test_where_keeps_the_matching_episodes(tmp_path: Path, terms: list[str], ids: set[str]) -> None:
     episodes = load_episodes(write_eval_folder(tmp_path))
     chosen = select(episodes, [Where.parse(t) for t in terms])
-    assert {e.id for e in chosen} == ids
+    assert {e.prompt_id for e in chosen} == ids
     assert len(chosen) == 2 * len(ids)  # both checkpoints
 
 
@@ -213,7 +305,7 @@ def test_the_page_is_self_contained_and_escapes_the_model(tmp_path: Path) -> Non
     assert page.count("<script>") == 1  # ours; the model's is text
     assert HOSTILE not in page and "&lt;/script&gt;" in page
     assert page.count('<details class="episode"') == 8
-    assert page.count("<svg") == 5
+    assert page.count("<svg") == 5  # one set of charts: an eval has no training steps
 
 
 @pytest.fixture(scope="module")
@@ -228,16 +320,17 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 @pytest.mark.slow
 def test_a_browser_renders_filters_and_opens_episodes(browser: Browser, tmp_path: Path) -> None:
-    episodes = load_episodes(write_eval_folder(tmp_path))
+    run = write_run_folder(tmp_path / "run")
+    write_eval_folder(run / "eval" / "20261204-061500")
+    episodes = load_episodes(run)
     page = tmp_path / "page.html"
-    page.write_text(render_page("eval", episodes, episodes))
+    page.write_text(render_page(f"deepdive trajectories: {run.name}", episodes, episodes))
     browser.open(page.as_uri())
     assert browser.script("return document.querySelectorAll('svg polyline').length") >= 5
-    assert browser.find("#shown") and "8 of 8" in browser.script(
-        "return document.getElementById('shown').textContent"
-    )
+    shown = "return document.getElementById('shown').textContent"
+    assert browser.script(shown) == "20 of 20 episodes"
     rows = browser.find_all(".episode")
-    assert len(rows) == 8 and all(browser.displayed(row) for row in rows)
+    assert len(rows) == 20 and all(browser.displayed(row) for row in rows)
 
     def visible_ids() -> list[str]:
         return list(
@@ -247,29 +340,37 @@ def test_a_browser_renders_filters_and_opens_episodes(browser: Browser, tmp_path
             )
         )
 
-    browser.type(browser.find("#filter"), "tool=open")
-    assert visible_ids() == ["q-search-open", "q-search-open"]
-    browser.script("var f = document.getElementById('filter'); f.value = '';")
-    browser.type(browser.find("#filter"), "status=aborted checkpoint=step_4")
-    assert visible_ids() == ["q-aborted"]
-    browser.script("var f = document.getElementById('filter'); f.value = '';")
-    browser.type(browser.find("#filter"), "harbour")
-    assert set(visible_ids()) == {"q-search-open"}
+    def filter_by(terms: str) -> list[str]:
+        browser.script(
+            "var f = document.getElementById('filter'); f.value = '';"
+            "f.dispatchEvent(new Event('input'));"
+        )
+        if terms:
+            browser.type(browser.find("#filter"), terms)
+        return visible_ids()
 
-    first = browser.find(".episode")
-    turn = browser.find(".episode .turn")
+    assert filter_by("tool=open") == ["q-search-open", "q-search-open"]
+    assert filter_by("status=aborted checkpoint=step_4") == ["q-aborted"]
+    assert filter_by("step=2 reward=1") == ["s2g0", "s2g1"]
+    assert filter_by("copper") == ["q-wrong", "q-wrong"]
+    assert browser.script(shown) == "2 of 20 episodes"
+    assert len(filter_by("")) == 20
+
+    chosen = '.episode[data-id="q-search-open"]'
+    episode = browser.find(chosen)
+    turn = browser.find(f"{chosen} .turn")
     assert not browser.displayed(turn)  # folded until opened
-    browser.click(browser.find(".episode > summary"))
-    assert browser.displayed(turn)
-    assert len([t for t in browser.find_all(".episode[open] .turn") if browser.displayed(t)]) == 3
-    observation = browser.find(".episode[open] .observation pre")
+    browser.click(browser.find(f"{chosen} > summary"))
+    assert browser.script("return arguments[0].open", {ELEMENT: episode}) is True
+    assert len([t for t in browser.find_all(f"{chosen} .turn") if browser.displayed(t)]) == 3
+    observation = browser.find(f"{chosen} .observation pre")
     assert not browser.displayed(observation)  # observations folded inside an open episode
-    browser.click(browser.find(".episode[open] .observation > summary"))
+    browser.click(browser.find(f"{chosen} .observation > summary"))
     assert browser.displayed(observation)
-    assert browser.script("return arguments[0].open", {ELEMENT: first}) is True
+
     shot = Path(SCREENSHOT) if SCREENSHOT else tmp_path / "page.png"
-    browser.script("document.getElementById('filter').value = ''; window.scrollTo(0, 0);")
-    browser.type(browser.find("#filter"), "checkpoint=base")
+    filter_by("checkpoint=base")
+    browser.script("window.scrollTo(0, 0);")
     browser.resize(1200, 1500)
     browser.screenshot(shot)
     assert shot.read_bytes().startswith(b"\x89PNG")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +17,9 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
+from deepdive.local.summary import print_summary
 from deepdive.protocol import format_observation, format_tool_call
 from deepdive.sample import LocalSample, SampleStatus
 from deepdive.trajectory_format import (
@@ -374,3 +377,17 @@ def test_a_browser_renders_filters_and_opens_episodes(browser: Browser, tmp_path
     browser.resize(1200, 1500)
     browser.screenshot(shot)
     assert shot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_local_run_ends_with_the_command_that_writes_its_report(tmp_path: Path) -> None:
+    """`make run` (deepdive run) prints it last; the command it prints works on a run folder."""
+    run = write_run_folder(tmp_path / "run")
+    console = Console(record=True, width=400)
+    print_summary({"paths": {"run": str(run)}}, console)
+    last = console.export_text().strip().splitlines()[-1]
+    assert last.startswith("the report: deepdive trajectories ")
+    write, open_it = last.removeprefix("the report: ").split(" && ")
+    assert open_it == f"xdg-open {run}/report.html"
+    result = deepdive(*shlex.split(write)[2:])
+    assert result.returncode == 0, result.stderr
+    assert (run / "report.html").read_text().count('<details class="episode"') == 12

@@ -391,3 +391,11 @@ def test_a_local_run_ends_with_the_command_that_writes_its_report(tmp_path: Path
     result = deepdive(*shlex.split(write)[2:])
     assert result.returncode == 0, result.stderr
     assert (run / "report.html").read_text().count('<details class="episode"') == 12
+
+
+def test_without_chromium_the_browser_test_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    reason = missing_browser()
+    assert reason and "not installed" in reason and "make browser-install" in reason

@@ -4,6 +4,7 @@ filters and opens (Chromium through chromium-driver; skipped, saying why, withou
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shlex
@@ -33,7 +34,9 @@ from services.base.errors import ConfigError
 from slurm.eval_report import episode_row
 from slurm.trajectories import Where, load_episodes, select, split_turns, step_stats
 from slurm.trajectory_page import render_page
+from slurm.trajectory_terminal import print_episodes
 from tests.browser import ELEMENT, Browser, headless_chromium, missing_browser
+from tests.hostile import json_values, model_turns, tool_names, unicode_text
 
 DEEPDIVE = [sys.executable, "-m", "slurm.cli", "trajectories"]
 # DEEPDIVE_SCREENSHOT=docs/trajectories.png: the browser test keeps its screenshot there
@@ -399,3 +402,46 @@ def test_without_chromium_the_browser_test_says_how_to_install_it(
     monkeypatch.setenv("PATH", str(tmp_path))
     reason = missing_browser()
     assert reason and "not installed" in reason and "make browser-install" in reason
+
+
+PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "div", "p", "input"}
+PAGE_TAGS |= {"span", "details", "summary", "pre", "b", "script", "svg", "text", "line"}
+PAGE_TAGS |= {"polyline", "circle"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    question=unicode_text,
+    turns=st.lists(
+        st.tuples(model_turns, tool_names, json_values, st.none() | unicode_text), max_size=4
+    ),
+)
+def test_anything_the_model_writes_renders_as_text(
+    question: str, turns: list[tuple[str, str, Any, str | None]]
+) -> None:
+    """Nothing a model writes raises out of the viewer or becomes markup on the page."""
+    episode = EpisodeRecord(
+        step=1,
+        group=0,
+        sample=0,
+        question=question,
+        label=question,
+        turns=tuple(
+            TurnRecord(
+                text=text,
+                call=ToolCallRecord(name, {"value": value}),
+                observation=observation,
+                observation_chars=len(observation or ""),
+            )
+            for text, name, value, observation in turns
+        ),
+        answer=question,
+        reward=0.0,
+        status="completed",
+        judge_reason=question,
+        prompt_id=question,
+    )
+    page = render_page(question, [episode], [episode])
+    tags = {tag.lower() for tag in re.findall(r"<([A-Za-z][A-Za-z0-9]*)", page)}
+    assert tags <= PAGE_TAGS, tags - PAGE_TAGS
+    print_episodes([episode], Console(file=io.StringIO(), width=80), limit=5)

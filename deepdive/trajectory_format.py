@@ -19,7 +19,7 @@ from __future__ import annotations
 import gzip
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -93,6 +93,8 @@ class EpisodeRecord:
     evaluation      an evaluation episode (not trained on)
     prompt_id       the prompt's dataset row id, where it has one
     checkpoint      the checkpoint evaluated (deepdive eval), else None
+    eval_set        the evaluation set (slime's --eval-prompt-data name, the local run's
+                    held-out / unseen), else None
     """
 
     step: int
@@ -110,6 +112,7 @@ class EpisodeRecord:
     evaluation: bool = False
     prompt_id: str | int | None = None
     checkpoint: str | None = None
+    eval_set: str | None = None
 
     @property
     def tool_calls(self) -> dict[str, int]:
@@ -132,6 +135,7 @@ class EpisodeRecord:
             "prompt_id": self.prompt_id,
             "checkpoint": self.checkpoint,
             "evaluation": self.evaluation,
+            "eval_set": self.eval_set,
             "question": self.question,
             "label": self.label,
             "status": self.status,
@@ -183,6 +187,7 @@ class EpisodeRecord:
             evaluation=bool(body.get("evaluation", False)),
             prompt_id=prompt_id if isinstance(prompt_id, str | int) else None,
             checkpoint=fields.optional_text("checkpoint"),
+            eval_set=fields.optional_text("eval_set"),
         )
 
 
@@ -302,11 +307,18 @@ def step_path(folder: Path, step: int) -> Path:
     return folder / f"step-{step:08d}{STEP_SUFFIX}"
 
 
-def write_step(folder: Path, step: int, records: Iterable[EpisodeRecord]) -> Path:
+def write_step(
+    folder: Path,
+    step: int,
+    records: Iterable[EpisodeRecord],
+    clean: Callable[[bytes], bytes] | None = None,
+) -> Path:
     """Write `step`'s records as one gzip file of JSON lines, whole or not at all (an
-    existing file of the step is replaced); returns its path."""
+    existing file of the step is replaced), each line passed through `clean` (the recorder's
+    redaction of secrets); returns its path."""
     target = step_path(folder, step)
-    data = b"".join(encode_line(record) for record in records)
+    lines = (encode_line(record) for record in records)
+    data = b"".join(clean(line) for line in lines) if clean else b"".join(lines)
     with atomic_path(target) as partial:  # mtime=0: the same records make the same bytes
         partial.write_bytes(gzip.compress(data, compresslevel=6, mtime=0))
     return target

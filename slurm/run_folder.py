@@ -21,6 +21,8 @@ each other there.
         requeue-asked.json          node 0's submitit asked for a requeue (slurm/requeue.py)
         requeue-answer.json         Slurm's answer, from the batch script once srun returned
     RUN/logs/tensorboard/       the trainer's TensorBoard events (what `deepdive status` reads)
+    RUN/trajectories/           each step's recorded episodes and agent statistics
+                                (docs/trajectories.md)
     RUN/checkpoints, logs/, ...  the backend's own files (checkpoints, metrics)
 
 Every note is written whole (a partial file renamed into place), so a reader on another node
@@ -144,6 +146,10 @@ class RunFolder:
     @property
     def tensorboard(self) -> Path:
         return self.root / "logs" / "tensorboard"
+
+    @property
+    def trajectories(self) -> Path:
+        return self.root / "trajectories"
 
     @property
     def attempts(self) -> Path:

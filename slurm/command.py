@@ -315,7 +315,7 @@ def add_trajectories_arguments(parser: argparse.ArgumentParser) -> None:
 def run_trajectories(args: argparse.Namespace) -> None:
     from rich.console import Console
 
-    from slurm.trajectories import Where, load_episodes, select
+    from slurm.trajectories import Where, load_episodes, read_stats, select
 
     wheres = [Where.parse(term) for term in args.where]
     episodes = load_episodes(args.run)
@@ -327,7 +327,7 @@ def run_trajectories(args: argparse.Namespace) -> None:
         return
     from slurm.trajectory_page import render_page
 
-    page = render_page(f"deepdive trajectories: {args.run}", chosen, episodes)
+    page = render_page(f"deepdive trajectories: {args.run}", chosen, episodes, read_stats(args.run))
     atomic_write_bytes(args.html, page.encode())
     print(
         f"{args.html}: {len(chosen)} of {len(episodes)} episodes; open it with: "

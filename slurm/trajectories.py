@@ -22,6 +22,7 @@ from deepdive.trajectory_format import (
     read_episodes,
     step_files,
 )
+from deepdive.trajectory_recorder import EVAL_FOLDER, STATS_FILE
 from services.base.errors import ConfigError
 
 RESULTS = "results.jsonl"  # what `deepdive eval` writes (slurm/eval_report.py)
@@ -30,11 +31,22 @@ WHERE_KEYS = ("reward", "status", "tool", "text", "step", "checkpoint", "id")
 
 
 def where_of(episode: EpisodeRecord) -> str:
-    """Where an episode comes from, in a few characters: `step 3`, `eval step 3`, or the
-    checkpoint an eval served."""
+    """Where an episode comes from, in a few characters: `step 3`, `eval step 3 (held-out)`,
+    or the checkpoint a `deepdive eval` served."""
     if episode.checkpoint is not None:
         return episode.checkpoint
-    return f"{'eval ' if episode.evaluation else ''}step {episode.step}"
+    if episode.evaluation:
+        return f"eval step {episode.step}" + (f" ({episode.eval_set})" if episode.eval_set else "")
+    return f"step {episode.step}"
+
+
+def section_of(episode: EpisodeRecord) -> str:
+    """The plots an episode's step belongs to: training's, one evaluation set's, an eval's."""
+    if episode.checkpoint is not None:
+        return "deepdive eval"
+    if episode.evaluation:
+        return f"evaluation ({episode.eval_set})" if episode.eval_set else "evaluation"
+    return "training"
 
 
 def reason_of(episode: EpisodeRecord) -> str | None:
@@ -153,7 +165,8 @@ def load_episodes(folder: Path) -> list[EpisodeRecord]:
     if (folder / RESULTS).is_file():
         return read_results(folder / RESULTS)
     episodes: list[EpisodeRecord] = []
-    for _, path in step_files(folder / TRAJECTORIES) or step_files(folder):
+    recorded = folder / TRAJECTORIES if (folder / TRAJECTORIES).is_dir() else folder
+    for _, path in step_files(recorded) + step_files(recorded / EVAL_FOLDER):
         episodes += read_episodes(path)
     for results in sorted(folder.glob(f"eval/*/{RESULTS}")):
         episodes += read_results(results)
@@ -226,7 +239,8 @@ class StepStats:
     """The agent's statistics over one step's (or one checkpoint's) episodes."""
 
     where: str
-    evaluation: bool  # an evaluation's or an eval checkpoint's episodes, not training's
+    section: str  # training, evaluation (SET), deepdive eval: the plots it is drawn in
+    x: str  # its place on the plots' axis: the step, or the eval's checkpoint
     episodes: int
     reward: float
     turns: float
@@ -243,11 +257,12 @@ def _groups(
     """Training steps in order, then evaluations by step, then eval checkpoints in the order
     the eval played them."""
     grouped: dict[str, list[EpisodeRecord]] = {}
-    order: dict[str, tuple[int, int, int]] = {}
+    order: dict[str, tuple[int, str, int, int]] = {}
     for episode in episodes:
         where = where_of(episode)
         kind = 2 if episode.checkpoint is not None else 1 if episode.evaluation else 0
-        order.setdefault(where, (kind, episode.step if kind < 2 else 0, len(order)))
+        step = episode.step if kind < 2 else 0
+        order.setdefault(where, (kind, section_of(episode), step, len(order)))
         grouped.setdefault(where, []).append(episode)
     for where in sorted(grouped, key=order.__getitem__):
         yield where, grouped[where]
@@ -267,7 +282,8 @@ def step_stats(episodes: Sequence[EpisodeRecord]) -> list[StepStats]:
         rows.append(
             StepStats(
                 where=where,
-                evaluation=group[0].evaluation or group[0].checkpoint is not None,
+                section=section_of(group[0]),
+                x=group[0].checkpoint or str(group[0].step),
                 episodes=n,
                 reward=sum(e.reward for e in group) / n,
                 turns=sum(len(e.turns) for e in group) / n,
@@ -279,3 +295,28 @@ def step_stats(episodes: Sequence[EpisodeRecord]) -> list[StepStats]:
             )
         )
     return rows
+
+
+def read_stats(folder: Path) -> list[dict[str, Any]]:
+    """The agent statistics the recorder kept per step over all of its episodes (RUN/
+    trajectories/stats.jsonl: {step, evaluation, NAME: value}), oldest first; none without
+    the file. A last line cut by a crash is left out; any other bad line is named."""
+    import orjson
+
+    path = (folder / TRAJECTORIES if (folder / TRAJECTORIES).is_dir() else folder) / STATS_FILE
+    if not path.is_file():
+        return []
+    lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as error:
+            if number == len(lines):  # an append the crash cut short
+                break
+            raise ConfigError(f"{path}, line {number}: not JSON ({error})") from None
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ConfigError(f"{path}, line {number}: expected an object with a whole 'step'")
+        rows.append(row)
+    return sorted(rows, key=lambda row: (bool(row.get("evaluation")), row["step"]))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Sequence
+from typing import Any
 
 from deepdive.trajectory_format import EpisodeRecord, TurnRecord
 from slurm.trajectories import (
@@ -22,12 +24,24 @@ from slurm.trajectories import (
     where_of,
 )
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
+PALETTE = [
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
 
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
 h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.5em}
-.plots{display:flex;flex-wrap:wrap;gap:12px}
+.section>summary{cursor:pointer;font-weight:bold;margin:10px 0 6px}
+.plots{display:flex;flex-wrap:wrap;gap:8px}
 .plot{background:#fff;border:1px solid #ddd;border-radius:4px}
 .plot text{font-size:11px;fill:#444}
 #filter{width:32em;padding:4px;font:inherit}
@@ -77,12 +91,14 @@ def _e(value: object) -> str:
 
 
 def line_chart(
-    title: str, labels: Sequence[str], series: dict[str, list[float]], width: int = 360
+    title: str, labels: Sequence[str], series: dict[str, list[float]], width: int = 280
 ) -> str:
     """An SVG line chart: one line per series over the labels (steps or checkpoints)."""
-    height, left, right, top, bottom = 200, 42, 10, 24, 34
+    per_row = 3  # legend entries per row under the axis
+    rows = 0 if len(series) < 2 else -(-len(series) // per_row)
+    height, left, right, top, bottom = 150 + 13 * rows, 42, 10, 24, 22 + 13 * rows
     values = [v for line in series.values() for v in line]
-    low, high = min([0.0, *values]), max([*values, 1e-9])
+    low, high = min([0.0, *values]), max([0.0, *values])
     if high == low:
         high = low + 1.0
     span = max(1, len(labels) - 1)
@@ -119,27 +135,82 @@ def line_chart(
             f"<title>{_e(name)} {_e(labels[i])}: {v:.3g}</title></circle>"
             for i, v in enumerate(line)
         ]
-        if len(series) > 1:
-            lx = left + 8 + 70 * n
-            parts.append(f'<text x="{lx}" y="{height - 6}" style="fill:{colour}">{_e(name)}</text>')
+        if rows:
+            lx = left + (width - left) // per_row * (n % per_row)
+            ly = height - 6 - 13 * (rows - 1 - n // per_row)
+            parts.append(f'<text x="{lx}" y="{ly}" style="fill:{colour}">{_e(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
-def plots(stats: Sequence[StepStats]) -> str:
-    """Training's steps and the evaluations apart (one x axis each): the charts of each."""
-    training = [s for s in stats if not s.evaluation]
-    evaluations = [s for s in stats if s.evaluation]
+def plots(stats: Sequence[StepStats], recorded: Sequence[dict[str, Any]] = ()) -> str:
+    """One set of charts per section (training's steps, each evaluation set, an eval's
+    checkpoints: an x axis each), and the recorder's statistics over every episode of each step
+    (stats.jsonl) where the run kept them."""
+    sections: dict[str, list[StepStats]] = {}
+    for row in stats:
+        sections.setdefault(row.section, []).append(row)
     parts = []
-    if training:
-        parts.append(f"<h2>Per-step statistics (training)</h2>{_charts(training)}")
-    if evaluations:
-        parts.append(f"<h2>Evaluations</h2>{_charts(evaluations)}")
-    return "".join(parts) or '<p class="muted">no episodes</p>'
+    for evaluation in (False, True):
+        kept = [r for r in recorded if bool(r.get("evaluation")) == evaluation]
+        if kept:
+            name = "evaluations" if evaluation else "training"
+            parts.append((f"{name}: agent statistics over every episode", recorded_charts(kept)))
+    for section, rows in sections.items():
+        parts.append((f"{section}: the recorded episodes", _charts(rows)))
+    if not parts:
+        return '<p class="muted">no episodes</p>'
+    # the first set open, the others one click away: the episodes stay near the top
+    return "".join(
+        f'<details class="section"{" open" if i == 0 else ""}><summary>{_e(title)}</summary>'
+        f"{charts}</details>"
+        for i, (title, charts) in enumerate(parts)
+    )
+
+
+def recorded_charts(rows: Sequence[dict[str, Any]]) -> str:
+    """The recorder's statistics (deepdive.agent_stats), one chart per family of names:
+    NAME/PART names share a chart (tool_calls/search, tool_calls/open ...), as do the rates
+    and the token counts; any other number has a chart of its own."""
+    labels = [str(row["step"]) for row in rows]
+    families: dict[str, list[str]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key in ("step", "evaluation") or not _is_number(value):
+                continue
+            family = (
+                key.split("/", 1)[0]
+                if "/" in key
+                else "rates"
+                if key.endswith("_rate")
+                else "tokens"
+                if key.endswith("_tokens")
+                else key
+            )
+            if key not in families.setdefault(family, []):
+                families[family].append(key)
+    charts = []
+    for family, keys in families.items():
+        series = {_short(key, family): [float(row.get(key) or 0.0) for row in rows] for key in keys}
+        charts.append(line_chart(family.replace("_", " "), labels, series))
+    return '<div class="plots">' + "".join(charts) + "</div>"
+
+
+def _short(key: str, family: str) -> str:
+    """A series' name in its chart's legend: tool_calls/search is search, finish_rate finish."""
+    if "/" in key:
+        return key.split("/", 1)[1]
+    if key == family:
+        return "all" if family == "tool_calls" else key
+    return key.removesuffix("_rate").removesuffix("_tokens")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _charts(stats: Sequence[StepStats]) -> str:
-    labels = [s.where for s in stats]
+    labels = [s.x for s in stats]
     tools = sorted({name for s in stats for name in s.tool_calls})
     charts = [
         line_chart("reward (mean)", labels, {"reward": [s.reward for s in stats]}),
@@ -221,15 +292,18 @@ def _episode(episode: EpisodeRecord) -> str:
 
 
 def render_page(
-    title: str, episodes: Sequence[EpisodeRecord], plotted: Sequence[EpisodeRecord]
+    title: str,
+    episodes: Sequence[EpisodeRecord],
+    plotted: Sequence[EpisodeRecord],
+    recorded: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The page: plots over `plotted` (every episode of the run), the list of `episodes` (those
-    chosen by --step/--where)."""
+    """The page: plots over `plotted` (every episode of the run) and the `recorded` agent
+    statistics, the list of `episodes` (those chosen by --step/--where)."""
     keys = ", ".join(f"{k}=" for k in WHERE_KEYS)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>"
-        f"<h1>{_e(title)}</h1>{plots(step_stats(plotted))}"
+        f"<h1>{_e(title)}</h1>{plots(step_stats(plotted), recorded)}"
         f'<h2>Episodes</h2><p><input id="filter" type="search" '
         f'placeholder="filter: {_e(keys)} or a word" aria-label="filter"> '
         f'<span id="shown"></span></p><div id="episodes">'

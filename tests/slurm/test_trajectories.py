@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from deepdive.agent_stats import agent_statistics
 from deepdive.local.summary import print_summary
 from deepdive.protocol import format_observation, format_tool_call
 from deepdive.sample import LocalSample, SampleStatus
@@ -30,9 +31,18 @@ from deepdive.trajectory_format import (
     TurnRecord,
     write_step,
 )
+from deepdive.trajectory_recorder import record_step
 from services.base.errors import ConfigError
 from slurm.eval_report import episode_row
-from slurm.trajectories import Where, load_episodes, select, split_turns, step_stats
+from slurm.trajectories import (
+    Where,
+    load_episodes,
+    read_stats,
+    select,
+    split_turns,
+    step_stats,
+    where_of,
+)
 from slurm.trajectory_page import render_page
 from slurm.trajectory_terminal import print_episodes
 from tests.browser import ELEMENT, Browser, headless_chromium, missing_browser
@@ -173,8 +183,78 @@ def write_run_folder(folder: Path, steps: int = 3) -> Path:
     return folder
 
 
-def deepdive(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DEEPDIVE, *args], capture_output=True, text=True, timeout=60, env=None)
+def _played(group: int, searches: int, won: bool, status: SampleStatus) -> LocalSample:
+    """A sample as the rollout leaves it: the response, and the turn log the recorder cuts it
+    by (deepdive/rollout.py's `turn_log`: each turn's text and observation lengths, the call)."""
+    response, log = "", []
+    for i in range(searches):
+        text, seen = _call("search", query=f"q{i}"), format_observation(f"[1] result {i}")
+        response += text + seen
+        log.append(
+            {
+                "chars": len(text),
+                "tokens": 9,
+                "call": ["search", {"query": f"q{i}"}],
+                "obs_chars": len(seen),
+            }
+        )
+    answer = "Glass Harbour" if won else "no"
+    text = _call("finish", answer=answer)
+    response += text
+    log.append({"chars": len(text), "tokens": 7, "call": ["finish", {"answer": answer}]})
+    return LocalSample(
+        group_index=group,
+        index=group,
+        prompt=[{"role": "user", "content": f"Question {group}?"}],
+        response=response,
+        response_length=len(response),
+        label="Glass Harbour",
+        reward=1.0 if won else 0.0,
+        status=status,
+        metadata={
+            "id": f"p{group}",
+            "deepdive": {
+                "turns": len(log),
+                "tool_calls": {"search": searches, "finish": 1},
+                "turn_log": log,
+            },
+            "reward_details": {"extracted_answer": answer},
+        },
+    )
+
+
+def write_recorded_run(folder: Path, steps: int = 3) -> Path:
+    """A run folder as the rollout log functions leave it: each step's samples through the
+    recorder (deepdive.trajectory_recorder) with their agent statistics (deepdive.agent_stats),
+    and an evaluation at the last step."""
+    recorder = None
+    for step in range(1, steps + 1):
+        samples = [_played(group, step, group < step, SampleStatus.COMPLETED) for group in range(4)]
+        recorder = record_step(
+            folder / "trajectories",
+            step,
+            samples,
+            groups=None,
+            max_bytes=1 << 30,
+            stats=agent_statistics(samples),
+        )
+    held_out = [_played(g, 1, g == 0, SampleStatus.TRUNCATED) for g in range(2)]
+    recorder = record_step(
+        folder / "trajectories",
+        steps,
+        {"held-out": held_out},
+        groups=None,
+        max_bytes=1 << 30,
+        evaluation=True,
+        stats=agent_statistics(held_out),
+    )
+    assert recorder is not None
+    recorder.flush()
+    return folder
+
+
+def deepdive(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DEEPDIVE, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
 def test_an_eval_folder_reads_into_turns(tmp_path: Path) -> None:
@@ -205,6 +285,41 @@ def test_a_run_folder_reads_its_recorded_steps(tmp_path: Path) -> None:
     assert [s.reward for s in stats] == [0.25, 0.5, 0.75]
     assert [s.tool_calls["search"] for s in stats] == [1.0, 2.0, 3.0]
     assert [s.aborted for s in stats] == [0.25] * 3
+
+
+def test_a_run_the_recorder_wrote_reads_with_its_statistics(tmp_path: Path) -> None:
+    run = write_recorded_run(tmp_path / "run")
+    episodes = load_episodes(run)
+    assert len(episodes) == 14
+    evaluation = [e for e in episodes if e.evaluation]
+    assert {where_of(e) for e in evaluation} == {"eval step 3 (held-out)"}
+    newest = select(episodes, last=True)
+    assert {where_of(e) for e in newest} == {"step 3", "eval step 3 (held-out)"}
+    searched = select(episodes, [Where.parse("step=2"), Where.parse("reward=1")])
+    assert [[t.call.name if t.call else None for t in e.turns] for e in searched] == [
+        ["search", "search", "finish"]
+    ] * 2
+    assert "[1] result 0" in (searched[0].turns[0].observation or "")
+    stats = read_stats(run)
+    assert [(row["step"], row["evaluation"]) for row in stats] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (3, True),
+    ]
+    assert [row["tool_calls/search"] for row in stats[:3]] == [1.0, 2.0, 3.0]
+    page = render_page("run", episodes, episodes, stats)
+    assert "training: agent statistics over every episode" in page
+    assert "evaluation (held-out): the recorded episodes" in page
+    assert 'aria-label="tool calls"' in page and 'aria-label="rates"' in page
+
+
+def test_a_statistics_line_cut_by_a_crash_is_left_out(tmp_path: Path) -> None:
+    (tmp_path / "stats.jsonl").write_text('{"step": 1, "turns": 2}\n{"step": 2, "tu')
+    assert read_stats(tmp_path) == [{"step": 1, "turns": 2}]
+    (tmp_path / "stats.jsonl").write_text('{"step": "one"}\n{"step": 2}\n')
+    with pytest.raises(ConfigError, match=r"stats.jsonl, line 1: expected an object"):
+        read_stats(tmp_path)
 
 
 def test_an_old_eval_row_still_reads(tmp_path: Path) -> None:
@@ -326,17 +441,18 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 @pytest.mark.slow
 def test_a_browser_renders_filters_and_opens_episodes(browser: Browser, tmp_path: Path) -> None:
-    run = write_run_folder(tmp_path / "run")
+    run = write_recorded_run(tmp_path / "run")
     write_eval_folder(run / "eval" / "20261204-061500")
-    episodes = load_episodes(run)
     page = tmp_path / "page.html"
-    page.write_text(render_page(f"deepdive trajectories: {run.name}", episodes, episodes))
+    result = deepdive("run", "--html", str(page), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
     browser.open(page.as_uri())
-    assert browser.script("return document.querySelectorAll('svg polyline').length") >= 5
+    charts = "return document.querySelectorAll('svg polyline').length"
+    assert browser.script(charts) >= 20  # the recorded episodes' and the recorder's statistics
     shown = "return document.getElementById('shown').textContent"
-    assert browser.script(shown) == "20 of 20 episodes"
+    assert browser.script(shown) == "22 of 22 episodes"
     rows = browser.find_all(".episode")
-    assert len(rows) == 20 and all(browser.displayed(row) for row in rows)
+    assert len(rows) == 22 and all(browser.displayed(row) for row in rows)
 
     def visible_ids() -> list[str]:
         return list(
@@ -357,10 +473,10 @@ def test_a_browser_renders_filters_and_opens_episodes(browser: Browser, tmp_path
 
     assert filter_by("tool=open") == ["q-search-open", "q-search-open"]
     assert filter_by("status=aborted checkpoint=step_4") == ["q-aborted"]
-    assert filter_by("step=2 reward=1") == ["s2g0", "s2g1"]
+    assert filter_by("step=2 reward=1") == ["p0", "p1"]
     assert filter_by("copper") == ["q-wrong", "q-wrong"]
-    assert browser.script(shown) == "2 of 20 episodes"
-    assert len(filter_by("")) == 20
+    assert browser.script(shown) == "2 of 22 episodes"
+    assert len(filter_by("")) == 22
 
     chosen = '.episode[data-id="q-search-open"]'
     episode = browser.find(chosen)

@@ -33,6 +33,7 @@ import functools
 import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -376,9 +377,9 @@ class NodeBootstrap:
 
     def _start_trainer(self, environment: dict[str, str]) -> None:
         command = self.backend.command(self.attempt)
-        self.run_folder.command.write_text(" ".join(command) + "\n")
+        self.run_folder.record_command(command)
         resume = self.backend.resume_point()
-        log_event(logger, "trainer", resume=resume or "fresh", command=" ".join(command))
+        log_event(logger, "trainer", resume=resume or "fresh", command=shlex.join(command))
         assert self.ray is not None
         self.trainer = subprocess.Popen(  # noqa: S603 (the backend's command, no shell)
             command,

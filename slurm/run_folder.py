@@ -32,6 +32,7 @@ sees either nothing or all of it. The run folder and the submitit folder are pri
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,18 @@ class RunFolder:
         if not names:
             return None
         return self.attempt(max(names, key=_attempt_order))
+
+    def record_command(self, argv: list[str]) -> None:
+        """command.txt, quoted as a shell reads it: pasted into a shell, it runs that argv."""
+        atomic_write_bytes(self.command, (shlex.join(argv) + "\n").encode())
+
+    def recorded_command(self) -> list[str] | None:
+        """The argv command.txt holds, or None before the first attempt wrote it."""
+        try:
+            text = self.command.read_bytes().decode()
+        except FileNotFoundError:
+            return None
+        return shlex.split(text)
 
     def submitted_jobs(self) -> list[dict[str, Any]]:
         try:

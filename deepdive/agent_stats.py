@@ -19,7 +19,7 @@ from deepdive.sample import status_name
 SLIME_PREFIX = "rollout/deepdive/agent/"
 LOCAL_PREFIX = "agent/"
 CONTENT_BLOCKED = "content_blocked"  # the leakage filter or the blocklist refused a page
-SEARCHES_BUCKETS = 4  # reward by searches: 0, 1, 2, 3 and "4+"
+SEARCHES_BUCKETS = 4  # reward by searches: 0, 1, 2, 3 and 4_or_more
 _STATUSES = ("COMPLETED", "TRUNCATED", "ABORTED", "FAILED")
 
 
@@ -53,7 +53,8 @@ def agent_statistics(samples: list[Any], prefix: str = "") -> dict[str, float]:
                         on the latter)
     leakage_blocks      pages the leakage filter or the blocklist refused, per episode
     response_tokens     response tokens per episode (model_tokens: the model's own)
-    reward_by_searches/N the mean reward of the episodes with N searches (4+: four or more)
+    reward_by_searches/N the mean reward of the episodes with N searches (4_or_more: four or
+                        more; a TensorBoard tag holds no "+")
     """
     if not samples:
         return {}
@@ -78,7 +79,7 @@ def agent_statistics(samples: list[Any], prefix: str = "") -> dict[str, float]:
         mask = getattr(sample, "loss_mask", None)
         model += sum(mask) if isinstance(mask, list) else 0
         searches = min(_count(used.get("search")), SEARCHES_BUCKETS)
-        bucket = f"{searches}+" if searches == SEARCHES_BUCKETS else str(searches)
+        bucket = f"{searches}_or_more" if searches == SEARCHES_BUCKETS else str(searches)
         by_searches.setdefault(bucket, []).append(_reward(sample))
     made = sum(calls.values())
     result: dict[str, float] = {

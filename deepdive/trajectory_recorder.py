@@ -349,6 +349,14 @@ def recorder_for(folder: Path, max_bytes: int) -> TrajectoryRecorder:
         return recorder
 
 
+def flush_recorders(timeout_s: float = _DRAIN_S) -> None:
+    """Wait until this process's recorders have written every step handed to them."""
+    with _LOCK:
+        recorders = list(_RECORDERS.values())
+    for recorder in recorders:
+        recorder.flush(timeout_s)
+
+
 def record_step(
     folder: Path | None,
     step: int,

@@ -142,7 +142,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_status(args: argparse.Namespace) -> None:
     from slurm.scheduler import job_state
-    from slurm.status import find_run, run_status
+    from slurm.status import agent_line, find_run, run_status
 
     status = run_status(find_run(args.run), job_state)
     if args.json:
@@ -159,6 +159,9 @@ def run_status(args: argparse.Namespace) -> None:
     step = "-" if status.step is None else str(status.step)
     reward = "-" if status.reward is None else f"{status.reward:.3f}"
     print(f"step      {step} (reward {reward})")
+    agent = agent_line(status.agent)
+    if agent:
+        print(f"agent     {agent} (per episode)")
     checkpoint = "-" if status.checkpoint is None else f"step {status.checkpoint}"
     print(
         f"checkpoint {checkpoint}"

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from deepdive.aborts import check_aborted_share
+from deepdive.agent_stats import LOCAL_PREFIX, agent_statistics
 from deepdive.local.checkpoint import restore_rng, rng_state, save_checkpoint
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import (
@@ -25,6 +26,7 @@ from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
 from deepdive.sample import status_name
 from deepdive.tool_errors import check_tool_error_share, tool_error_metrics
+from deepdive.trajectory_recorder import flush_recorders, record_step
 from services.base.files import atomic_path
 
 # a step with more episodes ABORTED than rollout.max_aborted_share stops the run
@@ -78,7 +80,7 @@ def train(
     if before is None:  # a fresh run, or one resumed from the warm start's checkpoint
         before = {}
         if config.eval.before:
-            before = evaluate(run, rollouts, evaluations, "after the warm start")
+            before = evaluate(run, rollouts, evaluations, "after the warm start", start_step)
         save(run, start_step, trainer, sampler, before, summary.get("warm_start"))
     log = RunLog(paths.logs, resume_after_step=start_step if resumed else None)
     totals = {"rollout_s": 0.0, "update_s": 0.0, "sync_s": 0.0}
@@ -99,7 +101,8 @@ def train(
                 )
             if step % config.checkpoint.every == 0 or step == grpo.steps:
                 save(run, step, trainer, sampler, before, summary.get("warm_start"))
-    after = evaluate(run, rollouts, evaluations, "after GRPO")
+    after = evaluate(run, rollouts, evaluations, "after GRPO", grpo.steps)
+    flush_recorders()  # every step's episodes on disk before the run's report
     rows = log.rows()
     log.close()
     with atomic_path(paths.final_model) as partial:
@@ -161,6 +164,16 @@ def grpo_step(
         sampling_params(config, config.rollout.temperature),
         f"{config.run.seed}:{step}",
     )
+    agent = agent_statistics(samples)
+    # recorded before the checks, as the slime hook does: a step that stops the run keeps them
+    record_step(
+        run.paths.trajectories,
+        step,
+        samples,
+        groups=config.rollout.trajectory_groups,
+        max_bytes=int(config.rollout.trajectory_max_mb * 2**20),
+        stats=agent,
+    )
     check_aborted_share(samples, config.rollout.max_aborted_share, step, hints=LOCAL_HINTS)
     tools = check_tool_error_share(
         samples, config.rollout.max_tool_error_share, step, hints=LOCAL_TOOL_HINTS
@@ -193,6 +206,7 @@ def grpo_step(
         **rollout_metrics(samples, grpo.samples_per_prompt),
         **per_node,
         **tool_error_metrics(tools, prefix=""),
+        **{LOCAL_PREFIX + key: value for key, value in agent.items()},
         **dict(update),
         "rollout_s": rollout_s,
         "update_s": update_s,

@@ -15,6 +15,7 @@ import orjson
 import pytest
 import tomli_w
 
+from deepdive.trajectory_format import read_episodes
 from services.base.errors import ConfigError
 from slurm.backends.slime.conversion import ConversionFailed, run_to_folder
 from tests.helpers import DEEPDIVE, TINY_JOB
@@ -166,6 +167,10 @@ def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -
             "trajectory",
         }
         assert row["reward"] in (0.0, 1.0) and row["trajectory"]
+    # the records training keeps (deepdive.trajectory_format): the viewer reads both
+    episodes = list(read_episodes(out / "results.jsonl"))
+    assert len(episodes) == len(rows) and all(e.evaluation and e.checkpoint for e in episodes)
+    assert all(e.turns and e.question for e in episodes)
     summary = json.loads((out / "summary.json").read_text())
     for name in ("step-000002", "latest (final_model)"):
         entry = summary[name]

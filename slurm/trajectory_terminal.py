@@ -19,6 +19,7 @@ FOLDED_CHARS = 240
 
 def fold(observation: str, lines: int = FOLDED_LINES, chars: int = FOLDED_CHARS) -> str:
     """The observation's first lines (at most `chars` characters), and what was left out."""
+    observation = observation.strip()
     head = "\n".join(observation.splitlines()[:lines])[:chars]
     left = len(observation) - len(head)
     return head + (f"\n… {left} more characters" if left > 0 else "")

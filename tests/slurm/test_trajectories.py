@@ -22,7 +22,7 @@ from rich.console import Console
 
 from deepdive.agent_stats import agent_statistics
 from deepdive.local.summary import print_summary
-from deepdive.protocol import format_observation, format_tool_call
+from deepdive.protocol import find_tool_calls, format_observation, format_tool_call
 from deepdive.sample import LocalSample, SampleStatus
 from deepdive.trajectory_format import (
     EpisodeRecord,
@@ -61,74 +61,100 @@ def _call(name: str, **arguments: Any) -> str:
     return format_tool_call(name, arguments)
 
 
-def trajectories() -> list[tuple[str, str, str, float, SampleStatus, dict[str, int], str]]:
-    """(id, question, trajectory, reward, status, tool calls, label) for a small eval."""
-    long_page = "Glass harbour, population 4,100. " * 40
+def played(turns: list[tuple[str, str | None]]) -> tuple[str, list[dict[str, Any]]]:
+    """A response as the rollout builds it from (model text, observation) turns, and its turn
+    log (deepdive/rollout.py's `turn_log`: each turn's text and observation lengths, the call
+    the protocol parsed or why it did not), which the recorder cuts the response by."""
+    response, log = "", []
+    for text, observation in turns:
+        entry: dict[str, Any] = {"chars": len(text), "tokens": 9}
+        calls = find_tool_calls(text)
+        if calls and calls[-1].call:
+            entry["call"] = [calls[-1].call.name, dict(calls[-1].call.arguments)]
+        elif calls:
+            entry["call_error"] = str(calls[-1].error)
+        response += text
+        if observation is not None:
+            seen = format_observation(observation)
+            entry["obs_chars"] = len(seen)
+            response += seen
+        log.append(entry)
+    return response, log
+
+
+LONG_PAGE = "Glass harbour, population 4,100. " * 40
+
+
+def trajectories() -> list[tuple[str, str, list[tuple[str, str | None]], float, SampleStatus, str]]:
+    """(id, question, turns, reward, status, label) for a small eval."""
     return [
         (
             "q-search-open",
             "Which harbour did the Amber Line sail from?",
-            "I should search."
-            + _call("search", query="Amber Line harbour")
-            + format_observation("[1] Amber Line - the ferry from Glass Harbour")
-            + "Open the first."
-            + _call("open", url="https://offline.example/amber-line")
-            + format_observation(long_page)
-            + _call("finish", answer="Glass Harbour"),
+            [
+                (
+                    "I should search." + _call("search", query="Amber Line harbour"),
+                    "[1] Amber Line - the ferry from Glass Harbour",
+                ),
+                (
+                    "Open the first." + _call("open", url="https://offline.example/amber-line"),
+                    LONG_PAGE,
+                ),
+                (_call("finish", answer="Glass Harbour"), None),
+            ],
             1.0,
             SampleStatus.COMPLETED,
-            {"search": 1, "open": 1},
             "Glass Harbour",
         ),
         (
             "q-wrong",
             "Who founded the Copper Archive?",
-            _call("search", query="Copper Archive founder")
-            + format_observation("No results found.")
-            + _call("finish", answer="Nobody"),
+            [
+                (_call("search", query="Copper Archive founder"), "No results found."),
+                (_call("finish", answer="Nobody"), None),
+            ],
             0.0,
             SampleStatus.COMPLETED,
-            {"search": 1},
             "Ida Brandt",
         ),
         (
             "q-aborted",
             "When did the Salt Bridge open?",
-            "Let me look." + _call("search", query="Salt Bridge opening"),
+            [("Let me look." + _call("search", query="Salt Bridge opening"), None)],
             0.0,
             SampleStatus.ABORTED,
-            {"search": 1},
             "1911",
         ),
         (
             "q-hostile",
             f"What does {HOSTILE} mean?",
-            f"{HOSTILE} <tool_call>{{not json</tool_call>",
+            [(f"{HOSTILE} <tool_call>{{not json</tool_call>", None)],
             0.0,
             SampleStatus.TRUNCATED,
-            {},
             "nothing",
         ),
     ]
 
 
 def write_eval_folder(folder: Path, checkpoints: tuple[str, ...] = ("base", "step_4")) -> Path:
-    """An eval output folder (results.jsonl) of each trajectory under each checkpoint."""
+    """An eval output folder: each trajectory under each checkpoint, in results.jsonl as
+    `deepdive eval` writes it (slurm/eval_report.py's `episode_row`)."""
     rows = []
     for checkpoint in checkpoints:
-        for index, (qid, question, text, reward, status, calls, label) in enumerate(trajectories()):
+        for index, (qid, question, turns, reward, status, label) in enumerate(trajectories()):
             row = {
                 "id": qid,
                 "label": label,
                 "input_messages": [{"role": "user", "content": question}],
             }
+            response, log = played(turns)
             sample = LocalSample(
                 index=index,
-                response=text,
+                response=response,
                 reward=reward,
                 status=status,
                 metadata={
-                    "deepdive": {"turns": text.count("<tool_call>"), "tool_calls": calls},
+                    "deepdive": {"turns": len(log), "turn_log": log},
                     "reward_details": {"extracted_answer": "Glass Harbour" if reward else None},
                 },
             )
@@ -184,24 +210,12 @@ def write_run_folder(folder: Path, steps: int = 3) -> Path:
 
 
 def _played(group: int, searches: int, won: bool, status: SampleStatus) -> LocalSample:
-    """A sample as the rollout leaves it: the response, and the turn log the recorder cuts it
-    by (deepdive/rollout.py's `turn_log`: each turn's text and observation lengths, the call)."""
-    response, log = "", []
-    for i in range(searches):
-        text, seen = _call("search", query=f"q{i}"), format_observation(f"[1] result {i}")
-        response += text + seen
-        log.append(
-            {
-                "chars": len(text),
-                "tokens": 9,
-                "call": ["search", {"query": f"q{i}"}],
-                "obs_chars": len(seen),
-            }
-        )
+    """A training sample as the rollout leaves it: `searches` searches, then finish."""
     answer = "Glass Harbour" if won else "no"
-    text = _call("finish", answer=answer)
-    response += text
-    log.append({"chars": len(text), "tokens": 7, "call": ["finish", {"answer": answer}]})
+    response, log = played(
+        [(_call("search", query=f"q{i}"), f"[1] result {i}") for i in range(searches)]
+        + [(_call("finish", answer=answer), None)]
+    )
     return LocalSample(
         group_index=group,
         index=group,
@@ -262,7 +276,8 @@ def test_an_eval_folder_reads_into_turns(tmp_path: Path) -> None:
     assert len(episodes) == 8
     first = episodes[0]
     assert [t.call.name if t.call else None for t in first.turns] == ["search", "open", "finish"]
-    assert first.turns[1].observation_chars == len("Glass harbour, population 4,100. " * 40)
+    assert first.turns[1].observation_chars == len(format_observation(LONG_PAGE))
+    assert first.step == 0 and episodes[4].step == 4  # the step in the checkpoint's name
     assert first.turns[2].observation is None
     hostile = next(e for e in episodes if e.prompt_id == "q-hostile")
     assert hostile.turns[0].call_error and hostile.status == "truncated"
@@ -403,7 +418,8 @@ def test_the_terminal_shows_turns_and_folds_observations(tmp_path: Path) -> None
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "turn 1" in out and "turn 3" in out and "q-search-open" in out
-    assert "observation (1320 chars)" in out and "more characters" in out
+    assert f"observation ({len(format_observation(LONG_PAGE))} chars)" in out
+    assert "more characters" in out
     assert "q-wrong" not in out and "1 of 1 matching" in out
     unfolded = deepdive(str(folder), "--where", "tool=open", "--unfold").stdout
     assert "more characters" not in unfolded

@@ -190,6 +190,19 @@ def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -
 
 
 @pytest.mark.slow
+def test_the_viewer_reads_the_episodes_and_statistics_a_local_run_recorded(trained: Path) -> None:
+    run = trained / "run"
+    newest = deepdive("trajectories", str(run), "--last", "--limit", "2")
+    assert newest.returncode == 0, newest.stderr[-2000:]
+    assert "step 4" in newest.stdout and "turn 1" in newest.stdout
+    page = deepdive("trajectories", str(run), "--html", str(trained / "report.html"))
+    assert page.returncode == 0, page.stderr[-2000:]
+    text = (trained / "report.html").read_text()
+    assert "training: agent statistics over every episode" in text  # stats.jsonl
+    assert "training: the recorded episodes" in text and 'data-step="4"' in text
+
+
+@pytest.mark.slow
 def test_eval_dry_run_names_each_checkpoint_how_it_is_served_and_the_services(
     trained: Path,
 ) -> None:

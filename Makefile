@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container ci-two-hosts pin-images gpu-smoke lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container ci-two-hosts pin-images gpu-smoke lint typecheck unit slurm-install nix-install browser-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -38,11 +38,16 @@ typecheck: setup
 
 # The Slurm tests bring up their own private 2-node cluster (scripts/local-slurm.sh); Slurm and
 # munge are installed here first when missing (as root), else those tests skip, saying why.
-unit: setup slurm-install nix-install
+unit: setup slurm-install nix-install browser-install
 	$(BIN)/pytest
 
 slurm-install:
 	@scripts/local-slurm.sh install || echo "Slurm is not installed: the Slurm tests will skip"
+
+# The trajectory page's tests drive a real headless Chromium through chromium-driver
+# (tests/browser.py); installed here when missing (as root), else those tests skip, saying why.
+browser-install:
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || scripts/apt-install.sh chromium chromium-driver || echo "Chromium is not installed: the browser tests will skip"
 
 # The flake's tests evaluate it with nix (offline, against a stand-in nixpkgs).
 nix-install:

@@ -77,6 +77,9 @@ class RunStatus:
     checkpoint: int | None = None  # the newest complete checkpoint's step
     # what a requeue loses (the steps logged since that checkpoint, redone by the next attempt)
     redo: str | None = None
+    # the newest warning (preemption or time limit): the save it made, or why none, and what
+    # its requeue lost (slurm/preemption.py)
+    warning: str | None = None
     # the agent's statistics at `step` (deepdive.agent_stats: tool calls, turns, rates)
     agent: dict[str, float] = field(default_factory=dict)
 
@@ -129,7 +132,32 @@ def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
         status.finished = True
     status.checkpoint = checkpoint_step(run)
     status.redo = redone(status.step, status.checkpoint)
+    status.warning = last_warning(run)
     return status
+
+
+def last_warning(run: RunFolder) -> str | None:
+    """The newest attempt's warning that node 0 acted on (its end note), in words."""
+    for attempt in reversed(run.attempts_in_order()):
+        end = read_json(attempt.end)
+        warning = end.get("warning") if isinstance(end, dict) else None
+        if isinstance(warning, dict) and warning:
+            return f"attempt {attempt.root.name}: {describe_warning(warning)}"
+    return None
+
+
+def describe_warning(warning: dict[str, Any]) -> str:
+    """One warning's end note in words: the save, then what the requeue lost."""
+    what = warning.get("save")
+    if what == "saved":
+        done = (
+            f"saved step {warning.get('saved_step')} at the next rollout boundary "
+            f"({warning.get('save_s')} s save, {warning.get('waited_s')} s after the warning)"
+        )
+    else:
+        done = f"no save on the warning ({what}: {warning.get('why')})"
+    lost = warning.get("lost") or "nothing: no step was logged"
+    return f"{done}; the requeue lost {lost}"
 
 
 def checkpoint_step(run: RunFolder) -> int | None:

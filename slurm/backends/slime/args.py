@@ -72,6 +72,10 @@ class SlimeCommand:
         return [item for item in self.arguments() if item.startswith("--")]
 
 
+# what node 0 runs in slime's root: train.py's main, with the warning's save (driver.py)
+DRIVER_MODULE = "slurm.backends.slime.driver"
+
+
 def presets() -> dict[str, Any]:
     return dict(read_json(DATA_PACKAGE, PRESETS)["presets"])
 
@@ -315,9 +319,10 @@ def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[st
     )
 
 
-def render(command: SlimeCommand, train_py: str) -> str:
+def render(command: SlimeCommand, slime_root: str) -> str:
     """The command line as slime's own scripts write it: a bash array per group, then
-    train.py with all of them (a shell runs it as it stands)."""
+    train.py (through our driver, slurm/backends/slime/driver.py, in slime's root) with all of
+    them (a shell runs it as it stands)."""
     lines = []
     for name, items in command.groups:
         lines.append(f"{name}=(")
@@ -330,5 +335,6 @@ def render(command: SlimeCommand, train_py: str) -> str:
             line += " " + token
         lines += [line, ")"]
     groups = " ".join(f'"${{{name}[@]}}"' for name, _ in command.groups)
-    lines.append(f"python3 {shlex.quote(train_py)} {groups}")
+    driver = f"python3 -m {DRIVER_MODULE}"
+    lines.append(f"cd {shlex.quote(slime_root)} && {driver} {groups}")
     return "\n".join(lines)

@@ -11,7 +11,7 @@ Each request is answered by `answer(path, body)`, the reply it deserves, wrapped
   told from its reply, in HTTP/1.1, by any client);
 - `unasked_late`: as `overlong_late`, the unasked reply `late_delay_s` after the answer (0.3 s
   by default: under load the connection is often in use again by then, and the bytes reach
-  another request in flight); `head_late`: only the head of one (it never completes);
+  another request in flight); `head_late`: only the head of one, its body never sent;
 - `redirect_json`: a `302 Found` whose body is `inject` (JSON), in place of the answer;
 - `interim_100` / `interim_103`: `100 Continue` or `103 Early Hints` before the real reply;
 - `endless_line`: a head whose one header line never ends; `endless_fields`: header fields
@@ -157,8 +157,8 @@ class HostileUpstream:
             # a task of its own: the connection's next request is read (and answered) meanwhile
             delay = 0.05 if behaviour == "overlong_late" else self.late_delay_s
             late = http_reply(self.inject)
-            if behaviour == "head_late":
-                late = late[: late.index(b"\r\n") + 2]  # a status line, and nothing after
+            if behaviour == "head_late":  # a head promising a body that never comes
+                late = http_reply(b"{" * 100_000)[:-100_000]
             task = asyncio.ensure_future(self._write_late(writer, late, delay))
             self._late_tasks.add(task)
             task.add_done_callback(self._late_tasks.discard)

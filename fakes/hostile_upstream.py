@@ -9,6 +9,10 @@ Each request is answered by `answer(path, body)`, the reply it deserves, wrapped
   connection sits idle in the client's pool (`late_writes` counts them, so a test can wait for
   them: bytes that arrive while the connection's next request is already in flight cannot be
   told from its reply, in HTTP/1.1, by any client);
+- `unasked_late`: as `overlong_late`, the unasked reply `late_delay_s` after the answer (0.3 s
+  by default: under load the connection is often in use again by then, and the bytes reach
+  another request in flight); `head_late`: only the head of one, its body never sent;
+- `redirect_json`: a `302 Found` whose body is `inject` (JSON), in place of the answer;
 - `interim_100` / `interim_103`: `100 Continue` or `103 Early Hints` before the real reply;
 - `endless_line`: a head whose one header line never ends; `endless_fields`: header fields
   without end. Bytes written are counted, so a test can see how much a client read.
@@ -30,6 +34,9 @@ Misbehaviour = Literal[
     "honest",
     "overlong",
     "overlong_late",
+    "unasked_late",
+    "head_late",
+    "redirect_json",
     "interim_100",
     "interim_103",
     "endless_line",
@@ -41,17 +48,26 @@ TRICKLE_BYTES = 300  # 30 s of trickling
 Answer = Callable[[str, bytes], bytes]
 
 
-def http_reply(body: bytes, content_type: str = "application/json") -> bytes:
+def http_reply(
+    body: bytes, content_type: str = "application/json", status: str = "200 OK"
+) -> bytes:
     return (
-        f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\n"
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
 
 
 class HostileUpstream:
-    def __init__(self, answer: Answer, behaviour: Misbehaviour, inject: bytes = b"") -> None:
+    def __init__(
+        self,
+        answer: Answer,
+        behaviour: Misbehaviour,
+        inject: bytes = b"",
+        late_delay_s: float = 0.3,
+    ) -> None:
         self.answer = answer
+        self.late_delay_s = late_delay_s
         self.behaviour = behaviour
         self.inject = inject
         self.requests = 0
@@ -63,6 +79,7 @@ class HostileUpstream:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._late_tasks: set[asyncio.Future[None]] = set()
         self._thread = threading.Thread(target=self._run, name="hostile-upstream", daemon=True)
 
     def _run(self) -> None:
@@ -131,15 +148,33 @@ class HostileUpstream:
             reply = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n" + reply
         elif behaviour == "overlong":
             reply += http_reply(self.inject)
+        elif behaviour == "redirect_json":
+            reply = http_reply(self.inject, status="302 Found")
+            reply = reply.replace(b"\r\n\r\n", b"\r\nLocation: /elsewhere\r\n\r\n", 1)
         writer.write(reply)
         await writer.drain()
-        if behaviour == "overlong_late":
-            await asyncio.sleep(0.05)  # the client has its reply and pools the connection
-            writer.write(http_reply(self.inject))
+        if behaviour in ("overlong_late", "unasked_late", "head_late"):
+            # a task of its own: the connection's next request is read (and answered) meanwhile
+            delay = 0.05 if behaviour == "overlong_late" else self.late_delay_s
+            late = http_reply(self.inject)
+            if behaviour == "head_late":  # a head promising a body that never comes
+                late = http_reply(b"{" * 100_000)[:-100_000]
+            task = asyncio.ensure_future(self._write_late(writer, late, delay))
+            self._late_tasks.add(task)
+            task.add_done_callback(self._late_tasks.discard)
+
+    async def _write_late(self, writer: asyncio.StreamWriter, late: bytes, delay: float) -> None:
+        await asyncio.sleep(delay)  # the client has its reply and pools the connection
+        if writer.is_closing():
+            return
+        try:
+            writer.write(late)
             await writer.drain()
-            with self._late:
-                self.late_writes += 1
-                self._late.notify_all()
+        except ConnectionError:
+            return
+        with self._late:
+            self.late_writes += 1
+            self._late.notify_all()
 
     async def _trickle(self, writer: asyncio.StreamWriter, reply: bytes) -> None:
         head, _, body = reply.partition(b"\r\n\r\n")
@@ -179,9 +214,9 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes] | Non
 
 @contextmanager
 def hostile_upstream(
-    answer: Answer, behaviour: Misbehaviour, inject: bytes = b""
+    answer: Answer, behaviour: Misbehaviour, inject: bytes = b"", late_delay_s: float = 0.3
 ) -> Iterator[HostileUpstream]:
-    upstream = HostileUpstream(answer, behaviour, inject)
+    upstream = HostileUpstream(answer, behaviour, inject, late_delay_s)
     upstream.start()
     try:
         yield upstream

@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import logging
 import random
+import select
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 from yarl import URL
 
 from services.base.clock import SYSTEM_CLOCK, Clock
@@ -50,6 +55,88 @@ logger = logging.getLogger("deepdive.upstream")
 redact_third_party_loggers()
 
 _AUTH_STATUSES = frozenset({401, 402, 403})
+
+
+class MismatchedReply(UpstreamBadResponse):
+    """A reply that is not the answer to the request that was sent (a search reply naming
+    another query): never an answer, never cached; retried like a transport failure, and an
+    `UpstreamBadResponse` once the attempts are spent."""
+
+    code = "upstream_mismatched_reply"
+
+
+# Checks a reply with a 2xx status before `send` returns it: raises MismatchedReply (retried)
+# or another UpstreamError (raised as it is) when the reply cannot be the request's answer.
+ReplyCheck = Callable[["UpstreamReply"], None]
+
+
+def _readable(transport: asyncio.BaseTransport) -> bool:
+    """Whether the socket under `transport` has bytes (or an end of stream) waiting: a poll
+    with no wait, what httpcore asks of a pooled socket before reusing it."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return True  # nothing to ask: not a connection to trust
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _rest(transport: asyncio.BaseTransport) -> None:
+    """On release to the pool: stop reading, so bytes that arrive while idle wait in the socket
+    (where the next acquire sees them) instead of being parsed as the next request's reply."""
+    if isinstance(transport, asyncio.ReadTransport) and not transport.is_closing():
+        transport.pause_reading()
+
+
+class ReuseCheckedConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, reusing a pooled connection only if nothing arrived on it while it
+    idled (aiohttp hands such bytes to the next request: aio-libs/aiohttp#13656).
+
+    Built on the public API alone: `connect()` and the connection's `add_callback`. A connection
+    stops reading when released; on acquire, one that has anything waiting (an unasked reply,
+    the head of one, an end of stream) or that aiohttp itself marks `should_close` is closed
+    and the next taken, down to a new one. A TLS connection also counts the bytes its TLS layer
+    holds (`get_read_buffer_size`): pausing it pauses the application side only."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.discarded = 0  # pooled connections closed because something arrived while idle
+
+    async def connect(
+        self,
+        req: aiohttp.ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
+    ) -> Connection:
+        while True:
+            connection = await super().connect(req, traces, timeout)
+            protocol = connection.protocol
+            transport = connection.transport
+            if protocol is None or transport is None:
+                return connection  # closed under us: aiohttp's own error follows
+            if protocol in self._handed_out and _arrived_while_idle(protocol, transport):
+                self.discarded += 1
+                connection.close()
+                continue
+            self._handed_out.add(protocol)
+            if isinstance(transport, asyncio.ReadTransport) and not transport.is_reading():
+                transport.resume_reading()
+            connection.add_callback(functools.partial(_rest, transport))
+            return connection
+
+
+def _arrived_while_idle(protocol: Any, transport: asyncio.BaseTransport) -> bool:
+    if protocol.should_close or transport.is_closing():
+        return True
+    if isinstance(transport, asyncio.ReadTransport) and transport.get_extra_info("sslcontext"):
+        try:
+            if transport.get_read_buffer_size() > 0:  # type: ignore[attr-defined]
+                return True
+        except (AttributeError, NotImplementedError):
+            pass
+    return _readable(transport)
+
 
 # What a transport failure means, in words a model (or a person) can read: aiohttp's own text
 # names its internals ("ClientPayloadError (Response payload is not completed: <Content...>)").
@@ -120,6 +207,10 @@ class UpstreamSettings:
     # or bytes body) go through it, about a third of aiohttp's CPU per request. Everything that
     # leaves the cluster keeps the default: aiohttp for every call.
     plain_http: bool = False
+    # False: a connection per request (aiohttp's force_close), for the judge and the page
+    # readers, whose calls are few and slow next to a connect: no pooled connection, no reply
+    # an earlier exchange left behind. Search APIs keep the pool (checked on reuse).
+    pool_connections: bool = True
 
 
 @dataclass(frozen=True)
@@ -223,7 +314,11 @@ class Upstream:
     def _open_session(self) -> aiohttp.ClientSession:
         """The pool is opened on first use, inside the event loop that will use it."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.settings.max_concurrency, ttl_dns_cache=300)
+            connector = ReuseCheckedConnector(
+                limit=self.settings.max_concurrency,
+                ttl_dns_cache=300,
+                force_close=not self.settings.pool_connections,
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers=self._headers,
@@ -277,9 +372,20 @@ class Upstream:
             self._slots.release()
 
     async def send(
-        self, method: str, url: str, *, deadline: float | None = None, **kwargs: Any
+        self,
+        method: str,
+        url: str,
+        *,
+        deadline: float | None = None,
+        check: ReplyCheck | None = None,
+        **kwargs: Any,
     ) -> UpstreamReply:
         """Send with retries; return a reply with status < 400 or raise an `UpstreamError`.
+
+        `check`, where given, is an answer's contract: a reply that is not 2xx is refused
+        (`UpstreamBadResponse`, not retried: a redirect or other status is no answer), and
+        the check itself may refuse a 2xx reply (`MismatchedReply`: retried, then an
+        `UpstreamBadResponse`).
 
         `url` is a path under `base_url`, or absolute. `deadline` is an instant on the
         upstream's clock (`time.monotonic()` unless one was given): no attempt and no backoff
@@ -307,39 +413,63 @@ class Upstream:
                 error: UpstreamError = UpstreamUnavailable(self.name, transport_failure(exc))
             else:
                 status = reply.status_code
-                if status < 400:
+                if status >= 400:
+                    error, retry_after = self._refused(reply)
+                elif check is None:
                     return reply
-                special = self.classify_error(reply) if self.classify_error else None
-                if isinstance(special, UpstreamAuthError):
-                    raise self._auth_error(status, special.message)
-                if special is not None:
-                    self._count_error(special.code)
-                    raise special
-                if status in _AUTH_STATUSES:
-                    raise self._auth_error(status)
-                if status == 429:
-                    retry_after = parse_retry_after(reply.headers.get("retry-after"))
-                    error = UpstreamRateLimited(self.name, "HTTP 429 (rate limited)")
-                elif status >= 500:
-                    error = UpstreamUnavailable(self.name, f"HTTP {status}")
+                elif status >= 300:
+                    self._count_error("not_2xx")
+                    raise UpstreamBadResponse(self.name, f"HTTP {status} is not an answer")
                 else:
-                    self._count_error("http_4xx")
-                    raise UpstreamBadResponse(self.name, f"HTTP {status} (request refused)")
+                    try:
+                        check(reply)
+                    except MismatchedReply as mismatch:
+                        error = mismatch
+                    else:
+                        return reply
             self._count_error(error.code)
             if attempt >= policy.max_attempts:
-                raise type(error)(self.name, f"{_detail(error)} after {attempt} attempts")
-            delay = policy.backoff(attempt)
-            if retry_after is not None:
-                if retry_after > policy.max_retry_after_s:
-                    raise type(error)(
-                        self.name, f"{_detail(error)}; Retry-After {retry_after:.0f}s is too long"
-                    )
-                delay = max(delay, retry_after)
-            if deadline is not None and self.clock() + delay >= deadline:
-                raise type(error)(
-                    self.name, f"{_detail(error)}; no time left to retry within the deadline"
+                kind = UpstreamBadResponse if isinstance(error, MismatchedReply) else type(error)
+                raise kind(self.name, f"{_detail(error)} after {attempt} attempts")
+            await self._backoff(attempt, retry_after, deadline, error)
+
+    def _refused(self, reply: UpstreamReply) -> tuple[UpstreamError, float | None]:
+        """A reply with status >= 400: raised where no retry helps, else the error to retry on
+        and the Retry-After it advertised."""
+        status = reply.status_code
+        special = self.classify_error(reply) if self.classify_error else None
+        if isinstance(special, UpstreamAuthError):
+            raise self._auth_error(status, special.message)
+        if special is not None:
+            self._count_error(special.code)
+            raise special
+        if status in _AUTH_STATUSES:
+            raise self._auth_error(status)
+        if status == 429:
+            retry_after = parse_retry_after(reply.headers.get("retry-after"))
+            return UpstreamRateLimited(self.name, "HTTP 429 (rate limited)"), retry_after
+        if status >= 500:
+            return UpstreamUnavailable(self.name, f"HTTP {status}"), None
+        self._count_error("http_4xx")
+        raise UpstreamBadResponse(self.name, f"HTTP {status} (request refused)")
+
+    async def _backoff(
+        self, attempt: int, retry_after: float | None, deadline: float | None, error: UpstreamError
+    ) -> None:
+        """Sleep before retry `attempt`, or raise `error` (as its kind) where the wait is too
+        long or would pass the deadline."""
+        policy = self.settings.retry
+        kind = UpstreamBadResponse if isinstance(error, MismatchedReply) else type(error)
+        delay = policy.backoff(attempt)
+        if retry_after is not None:
+            if retry_after > policy.max_retry_after_s:
+                raise kind(
+                    self.name, f"{_detail(error)}; Retry-After {retry_after:.0f}s is too long"
                 )
-            await self.clock.async_sleep(delay)
+            delay = max(delay, retry_after)
+        if deadline is not None and self.clock() + delay >= deadline:
+            raise kind(self.name, f"{_detail(error)}; no time left to retry within the deadline")
+        await self.clock.async_sleep(delay)
 
     async def _attempt_plain(
         self,
@@ -474,6 +604,23 @@ def _plain_call(method: str, url: str, kwargs: dict[str, Any]) -> bool:
 
 def _detail(error: UpstreamError) -> str:
     return error.message.removeprefix(f"{error.upstream}: ")
+
+
+def only_2xx(reply: UpstreamReply) -> None:
+    """The check of a reply whose body has no more to match than its status (a verdict): 2xx
+    is an answer, anything else (a redirect with a JSON body) a failure."""
+
+
+def echoed_query(reply: UpstreamReply, upstream: str, field: str, query: str) -> dict[str, Any]:
+    """A search API's reply as a JSON object, refused as `MismatchedReply` unless it repeats the
+    query asked (`reply[field]["q"]`): what stands between one session's results and another's
+    when a connection carries a reply nobody asked for."""
+    data = decode_json_object(reply.content, upstream)
+    echoed = data.get(field)
+    asked = echoed.get("q") if isinstance(echoed, dict) else None
+    if asked != query:
+        raise MismatchedReply(upstream, f"the reply is for another query (its {field}.q)")
+    return data
 
 
 class UpstreamProvider:

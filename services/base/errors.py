@@ -30,6 +30,7 @@ DeepDiveError
 │           ├── UpstreamRateLimited     429 after every retry
 │           ├── UpstreamUnavailable     5xx or transport errors after every retry
 │           └── UpstreamBadResponse     malformed JSON, an API error on HTTP 200, a challenge
+│               └── MismatchedReply     a reply to another request (services/http.py)
 └── RuntimeFailure              a fact of the world, not the user's input: a command, a process,
     │                           a node or a wait failed
     ├── SchedulerError          a Slurm command is missing or failed (slurm/scheduler.py)

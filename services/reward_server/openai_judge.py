@@ -9,6 +9,7 @@ a GRPO group often repeats an answer, and a judge call costs money.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 
@@ -17,7 +18,13 @@ import orjson
 from services.base.errors import ToolError, UpstreamBadResponse
 from services.base.logs import register_secret
 from services.cache import AsyncCache, CacheSettings
-from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
+from services.http import (
+    Upstream,
+    UpstreamProvider,
+    UpstreamSettings,
+    decode_json_object,
+    only_2xx,
+)
 from services.metrics import ServiceMetrics
 from services.reward_server.judging import Verdict
 
@@ -116,7 +123,9 @@ class OpenAIJudge(UpstreamProvider):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         upstream = Upstream(
             "judge",
-            settings,
+            # a connection per verdict: none is reused, so no reply left on one is ever read
+            # as another item's verdict (docs/http-clients.md)
+            dataclasses.replace(settings, pool_connections=False),
             headers=headers,
             metrics=metrics,
             key_hint=" or ".join(KEY_ENVS),
@@ -162,7 +171,7 @@ class OpenAIJudge(UpstreamProvider):
             "messages": [{"role": "user", "content": prompt}],
         }
         reply = await self.upstream.send(
-            "POST", "chat/completions", json=payload, deadline=deadline
+            "POST", "chat/completions", json=payload, deadline=deadline, check=only_2xx
         )
         data = decode_json_object(reply.content, "judge")
         try:

@@ -6,6 +6,8 @@ location is checked before any connection is made to it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 
 from services.base.errors import PageUnavailable, ToolError, URLRejected
@@ -34,7 +36,7 @@ class DirectReader(UpstreamProvider):
         self.guard = guard
         upstream = Upstream(
             self.name,
-            settings,
+            dataclasses.replace(settings, pool_connections=False),  # a connection per page
             headers={"User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1"},
             metrics=metrics,
             classify_error=_site_refusal,

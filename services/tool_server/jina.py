@@ -6,6 +6,7 @@ literal private address) so the model cannot aim the reader at an internal host.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from services.base.errors import UpstreamBadResponse
@@ -51,7 +52,7 @@ class JinaReader(UpstreamProvider):
             headers["Authorization"] = f"Bearer {api_key}"
         upstream = Upstream(
             self.name,
-            settings,
+            dataclasses.replace(settings, pool_connections=False),  # a connection per page
             headers=headers,
             metrics=metrics,
             key_hint=KEY_ENV,

@@ -6,6 +6,8 @@ SerpAPI reports some errors inside an HTTP 200 body ({"error": "..."}), includin
 
 from __future__ import annotations
 
+from typing import Any
+
 from services.base.errors import UpstreamAuthError, UpstreamBadResponse, UpstreamError
 from services.base.logs import redact, register_secret
 from services.http import (
@@ -14,6 +16,7 @@ from services.http import (
     UpstreamReply,
     UpstreamSettings,
     decode_json_object,
+    echoed_query,
 )
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
@@ -75,8 +78,15 @@ class SerpApiSearch(UpstreamProvider):
             "api_key": self._api_key or "",
             **self._locale,
         }
-        reply = await self.upstream.send("GET", "/search.json", params=params, deadline=deadline)
-        data = decode_json_object(reply.content, self.name)
+        replies: list[dict[str, Any]] = []
+
+        def check(reply: UpstreamReply) -> None:  # SerpAPI repeats it in search_parameters.q
+            replies.append(echoed_query(reply, self.name, "search_parameters", query))
+
+        await self.upstream.send(
+            "GET", "/search.json", params=params, deadline=deadline, check=check
+        )
+        data = replies[-1]
         error = data.get("error")
         if error is not None:
             if _NO_RESULTS in str(error):

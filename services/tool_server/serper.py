@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from services.base.logs import register_secret
-from services.http import Upstream, UpstreamProvider, UpstreamSettings, decode_json_object
+from services.http import (
+    Upstream,
+    UpstreamProvider,
+    UpstreamReply,
+    UpstreamSettings,
+    echoed_query,
+)
 from services.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
 from services.tool_server.providers import results_from_items, search_locale
@@ -48,6 +54,10 @@ class SerperSearch(UpstreamProvider):
 
     async def search(self, query: str, num: int, deadline: float) -> list[SearchResult]:
         payload: dict[str, Any] = {"q": query, "num": num, **self._locale}
-        reply = await self.upstream.send("POST", "/search", json=payload, deadline=deadline)
-        data = decode_json_object(reply.content, self.name)
-        return results_from_items(data.get("organic"), self.name, num)
+        replies: list[dict[str, Any]] = []
+
+        def check(reply: UpstreamReply) -> None:  # Serper repeats it in searchParameters.q
+            replies.append(echoed_query(reply, self.name, "searchParameters", query))
+
+        await self.upstream.send("POST", "/search", json=payload, deadline=deadline, check=check)
+        return results_from_items(replies[-1].get("organic"), self.name, num)

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from fakes.hostile_upstream import Misbehaviour, hostile_upstream
-from services.base.errors import ConfigError, UpstreamError
+from services.base.errors import ConfigError, UpstreamBadResponse, UpstreamError
 from services.http import RetryPolicy, Upstream, UpstreamSettings
 from services.metrics import ServiceMetrics
 from services.plain_http import MAX_HEAD_BYTES, check_header
@@ -27,10 +27,12 @@ from services.reward_server.openai_judge import OpenAIJudge
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
+from services.tool_server.serper import SerperSearch
 from services.tool_server.tools import ToolExecutor
 from tests.helpers import serve_in_thread
 
 ONCE = RetryPolicy(max_attempts=1)
+PATIENT = RetryPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.05)
 INJECTED = b'{"owner": "FAKE-INJECTED"}'
 FRAMING: list[Misbehaviour] = ["overlong", "interim_100", "interim_103"]
 CLIENTS = {"lean": True, "aiohttp": False}
@@ -81,21 +83,14 @@ async def test_every_caller_gets_its_own_reply(kind: str, behaviour: Misbehaviou
     assert delivered == len(answers), "honest replies within their length must all arrive"
 
 
-AIOHTTP_REUSES_A_POISONED_CONNECTION = pytest.mark.xfail(
-    reason="aiohttp 3.14.5 parses bytes that arrive on an idle pooled connection and hands "
-    "them to the next request (its connector's _get does not check should_close; "
-    "aio-libs/aiohttp#13656). Strict: this fails once aiohttp fixes it.",
-    strict=True,
-)
-
-
 @pytest.mark.anyio
-@pytest.mark.parametrize(
-    "kind", ["lean", pytest.param("aiohttp", marks=AIOHTTP_REUSES_A_POISONED_CONNECTION)]
-)
+@pytest.mark.parametrize("kind", CLIENTS)
 async def test_bytes_that_arrive_on_an_idle_connection_close_it(kind: str) -> None:
     """A reply longer than its length whose extra bytes come in a later segment, while the
-    connection idles in the pool: the next request must go out on a fresh connection."""
+    connection idles in the pool: the next request must go out on a fresh connection. aiohttp
+    3.14.5 alone hands such bytes to the next request (aio-libs/aiohttp#13656, its connector's
+    _get reuses a connection without checking should_close); services/http.py's
+    ReuseCheckedConnector closes the connection instead."""
     with hostile_upstream(echo, "overlong_late", INJECTED) as upstream:
         up = client(upstream.url, CLIENTS[kind])
         try:
@@ -173,10 +168,11 @@ def test_a_header_that_would_split_the_request_is_refused_naming_it_not_its_valu
 # reward server's evaluator (both always aiohttp, whatever their URL's scheme).
 
 
-def organic(path: str, body: bytes) -> bytes:
+def searched(path: str, body: bytes) -> bytes:
+    """Serper's reply: its results, and the query it answers (searchParameters.q)."""
     query = orjson.loads(body)["q"]
     results = [{"title": f"{query} {i}", "link": f"https://r{i}.example/{query}"} for i in range(3)]
-    return orjson.dumps({"organic": results})
+    return orjson.dumps({"searchParameters": {"q": query}, "organic": results})
 
 
 INJECTED_RESULTS = orjson.dumps(
@@ -193,7 +189,7 @@ def serper_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.usefixtures("serper_key")
 @pytest.mark.parametrize("behaviour", FRAMING)
 def test_the_tool_server_gives_each_session_its_own_results(behaviour: Misbehaviour) -> None:
-    with hostile_upstream(organic, behaviour, INJECTED_RESULTS) as upstream:
+    with hostile_upstream(searched, behaviour, INJECTED_RESULTS) as upstream:
         settings = UpstreamSettings(upstream.url, retry=ONCE, max_concurrency=4)
         config = ToolServerConfig(search="serper", serper=settings, index_cache_dir=None)
         metrics = ServiceMetrics("tool")
@@ -256,3 +252,167 @@ async def test_the_judge_gives_each_answer_its_own_verdict(behaviour: Misbehavio
     assert wrongly_rewarded == []
     # the right answers are one cached verdict: it must be the right one
     assert all(correct for right, correct in verdicts if right)
+
+
+# Replies nobody asked for, shortly after each answer, on a connection the client keeps: under
+# load (16 sessions x 12 calls on 4 pooled connections) the connection is often carrying its
+# next request by then, where no HTTP/1.1 client can tell the unasked reply from the answer.
+# The defences: the idle check on reuse, a search reply that must repeat its query, and a
+# connection per request for the judge and the page readers.
+UNASKED: list[Misbehaviour] = ["unasked_late", "head_late"]
+LATE_S = 0.02  # after each answer; the 0.3 s of the probe outlasts this fast a run
+
+
+def read_page(path: str, body: bytes) -> bytes:
+    """Jina's reply for the page at `path` (/https://...): its text names the page."""
+    url = path.removeprefix("/")
+    content = f"the page {url} " * 5
+    return orjson.dumps({"code": 200, "data": {"title": "t", "url": url, "content": content}})
+
+
+INJECTED_PAGE = orjson.dumps(
+    {
+        "code": 200,
+        "data": {"title": "FAKE-INJECTED", "url": "https://x/", "content": "FAKE-INJECTED"},
+    }
+)
+
+
+def foreign(marker: str, observation: str, markers: set[str]) -> list[str]:
+    """The other calls' markers an observation shows: another session's data."""
+    return [other for other in markers - {marker} if other in observation]
+
+
+def through_tool_server(
+    upstream_url: str, call: str, markers: list[list[str]]
+) -> list[tuple[str, dict[str, Any]]]:
+    settings = UpstreamSettings(upstream_url, retry=PATIENT, max_concurrency=4, read_timeout_s=5)
+    config = ToolServerConfig(
+        search="serper", reader="jina", serper=settings, jina=settings, index_cache_dir=None
+    )
+    metrics = ServiceMetrics("tool")
+    search, reader = build_providers(config, metrics)
+    app = create_app(ToolExecutor(config, search, reader, metrics), metrics)
+
+    def session(number: int) -> list[tuple[str, dict[str, Any]]]:
+        seen = []
+        with httpx.Client(base_url=base, timeout=60) as http:
+            for marker in markers[number]:
+                arguments = {"query": marker} if call == "search" else {"url": marker}
+                body = {"session_id": f"s{number}", "name": call, "arguments": arguments}
+                seen.append((marker, http.post("/tool", json=body).json()))
+        return seen
+
+    with serve_in_thread(app) as base, ThreadPoolExecutor(SESSIONS) as pool:
+        return [pair for seen in pool.map(session, range(SESSIONS)) for pair in seen]
+
+
+def assert_each_session_its_own(answers: list[tuple[str, dict[str, Any]]]) -> None:
+    markers = {marker for marker, _ in answers}
+    assert len(answers) == SESSIONS * CALLS
+    crossed, failed = [], []
+    for marker, reply in answers:
+        observation = str(reply.get("output") or reply.get("observation") or "")
+        assert "FAKE-INJECTED" not in observation, (marker, observation[:200])
+        crossed += foreign(marker, observation, markers)
+        if reply.get("error"):
+            failed.append(reply["error"]["code"])  # a clean, named tool error is allowed
+        else:
+            assert marker in observation, (marker, observation[:200])
+    assert crossed == []
+    assert set(failed) <= {"upstream_bad_response", "upstream_unavailable", "deadline_exceeded"}
+    # the retries make most calls whole: a defence that refused everything would pass above
+    assert len(failed) <= len(answers) // 4, failed
+
+
+@pytest.mark.usefixtures("serper_key")
+@pytest.mark.parametrize("behaviour", UNASKED)
+def test_an_unasked_reply_never_reaches_another_search(behaviour: Misbehaviour) -> None:
+    queries = [[f"q{n}x{c}z" for c in range(CALLS)] for n in range(SESSIONS)]
+    with hostile_upstream(searched, behaviour, INJECTED_RESULTS, LATE_S) as upstream:
+        answers = through_tool_server(upstream.url, "search", queries)
+    assert_each_session_its_own(answers)
+
+
+@pytest.mark.usefixtures("serper_key")
+@pytest.mark.parametrize("behaviour", UNASKED)
+def test_an_unasked_reply_never_reaches_another_open(behaviour: Misbehaviour) -> None:
+    pages = [[f"https://p{n}x{c}z.example/" for c in range(CALLS)] for n in range(SESSIONS)]
+    with hostile_upstream(read_page, behaviour, INJECTED_PAGE, LATE_S) as upstream:
+        answers = through_tool_server(upstream.url, "open", pages)
+    assert_each_session_its_own(answers)
+
+
+def test_a_search_reply_for_another_query_is_retried_then_refused_and_not_cached() -> None:
+    asked: list[str] = []
+
+    def stale(path: str, body: bytes) -> bytes:  # answers every query with the first one's
+        asked.append(orjson.loads(body)["q"])
+        return searched(path, orjson.dumps({"q": asked[0]}))
+
+    with hostile_upstream(stale, "honest") as upstream:
+        serper = SerperSearch(UpstreamSettings(upstream.url, retry=PATIENT), "k" * 12)
+
+        async def two() -> tuple[Any, BaseException | None]:
+            first = await serper.search("first", 3, time.monotonic() + 30)
+            try:
+                await serper.search("second", 3, time.monotonic() + 30)
+            except UpstreamBadResponse as exc:
+                return first, exc
+            finally:
+                await serper.aclose()
+            return first, None
+
+        first, refused = asyncio.run(two())
+    assert [r.title for r in first] == ["first 0", "first 1", "first 2"]
+    from services.http import MismatchedReply  # here: so the old code's run collects the rest
+
+    assert isinstance(refused, UpstreamBadResponse)
+    assert not isinstance(refused, MismatchedReply)
+    assert "another query" in refused.message and "after 4 attempts" in refused.message
+    assert asked == ["first"] + ["second"] * 4
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("behaviour", UNASKED)
+async def test_an_unasked_reply_never_becomes_another_answers_verdict(
+    behaviour: Misbehaviour,
+) -> None:
+    with hostile_upstream(grades, behaviour, ALWAYS_RIGHT, LATE_S) as upstream:
+        settings = UpstreamSettings(upstream.url + "/v1", retry=PATIENT, max_concurrency=4)
+        judge = OpenAIJudge(settings, "judge-key", model="m", metrics=ServiceMetrics("reward"))
+
+        async def grade(number: int) -> tuple[bool, bool | None]:
+            right = number % 2 == 0
+            answer = "Paris" if right else f"Lyon {number}"
+            # 10 s: the head of an unasked reply would hold a reused connection that long
+            verdict = await judge.judge(QUESTION, ("Paris",), answer, time.monotonic() + 10)
+            return right, verdict.correct
+
+        async def session(number: int) -> list[tuple[bool, bool | None]]:
+            return [await grade(number * CALLS + call) for call in range(CALLS)]
+
+        try:
+            verdicts = [
+                pair
+                for seen in await asyncio.gather(*(session(n) for n in range(SESSIONS)))
+                for pair in seen
+            ]
+        finally:
+            await judge.aclose()
+    assert [n for n, (right, correct) in enumerate(verdicts) if correct and not right] == []
+    assert [n for n, (right, correct) in enumerate(verdicts) if correct is None] == []
+    assert all(correct for right, correct in verdicts if right)
+
+
+@pytest.mark.anyio
+async def test_a_judges_redirect_with_a_json_body_is_no_verdict_and_not_cached() -> None:
+    with hostile_upstream(grades, "redirect_json", ALWAYS_RIGHT) as upstream:
+        settings = UpstreamSettings(upstream.url + "/v1", retry=PATIENT)
+        judge = OpenAIJudge(settings, "judge-key", model="m", metrics=ServiceMetrics("reward"))
+        try:
+            verdict = await judge.judge(QUESTION, ("Paris",), "Lyon", time.monotonic() + 30)
+        finally:
+            await judge.aclose()
+    assert verdict.correct is None
+    assert verdict.error is not None and "HTTP 302 is not an answer" in verdict.error.message

@@ -102,6 +102,7 @@ async def test_serpapi_parses_organic_results(httpserver: HTTPServer, closing: C
     ).respond_with_json(
         {
             "search_metadata": {"status": "Success"},
+            "search_parameters": {"engine": "google", "q": "orrery"},
             "organic_results": [
                 {
                     "position": 1,
@@ -124,6 +125,7 @@ async def test_serpapi_no_results_error_on_200_is_an_empty_list(
     httpserver.expect_request("/search.json").respond_with_json(
         {
             "search_metadata": {"status": "Success"},
+            "search_parameters": {"engine": "google", "q": "zzzz"},
             "error": "Google hasn't returned any results for this query.",
         }
     )
@@ -136,7 +138,7 @@ async def test_serpapi_other_error_on_200_is_a_bad_response(
     httpserver: HTTPServer, closing: Closing
 ) -> None:
     httpserver.expect_request("/search.json").respond_with_json(
-        {"error": "Unsupported `xx` location."}
+        {"search_parameters": {"q": "q"}, "error": "Unsupported `xx` location."}
     )
     search = closing(SerpApiSearch(settings(httpserver), "serpapi-secret-456"))
     with pytest.raises(UpstreamBadResponse, match="Unsupported"):

@@ -33,6 +33,7 @@ FAST = RetryPolicy(max_attempts=3, base_delay_s=0.01, max_delay_s=0.05)
 
 def organic(query: str) -> dict[str, Any]:
     return {
+        "searchParameters": {"q": query},  # Serper repeats the query it answers
         "organic": [
             {
                 "title": f"{query} {i}",
@@ -40,7 +41,7 @@ def organic(query: str) -> dict[str, Any]:
                 "snippet": f"about {query}",
             }
             for i in range(1, 4)
-        ]
+        ],
     }
 
 
@@ -199,7 +200,9 @@ def test_keys_never_reach_logs_or_responses(
     def echo_key(request: Request) -> Response:  # a hostile upstream that echoes the key back
         key = request.args.get("api_key", "")
         return Response(
-            json.dumps({"error": f"Invalid API key {key} for this plan"}),
+            json.dumps(
+                {"search_parameters": {"q": "q"}, "error": f"Invalid API key {key} for this plan"}
+            ),
             content_type="application/json",
         )
 
@@ -226,7 +229,8 @@ def test_a_search_snippet_that_echoes_the_key_never_shows_it(httpserver: HTTPSer
             "link": "https://r.example/",
             "snippet": f"X-API-KEY: {key}",
         }
-        return Response(json.dumps({"organic": [item]}), content_type="application/json")
+        body = {"searchParameters": {"q": "q"}, "organic": [item]}
+        return Response(json.dumps(body), content_type="application/json")
 
     httpserver.expect_request("/search").respond_with_handler(echo)
     with tool_server(httpserver) as client:
@@ -270,7 +274,8 @@ def test_a_url_encoded_key_echoed_back_is_redacted_everywhere(
         lower = re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), upper)
         sent = request.query_string.decode()
         error = f"Invalid key in {sent} ({upper} / {lower})"
-        return Response(json.dumps({"error": error}), content_type="application/json")
+        body = {"search_parameters": {"q": "q"}, "error": error}
+        return Response(json.dumps(body), content_type="application/json")
 
     httpserver.expect_request("/search.json").respond_with_handler(echo)
     with caplog.at_level(logging.DEBUG), tool_server(httpserver, search="serpapi") as client:

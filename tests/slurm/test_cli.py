@@ -159,7 +159,10 @@ def test_serve_tools_end_to_end_keeps_keys_out_of_argv_and_logs(
     httpserver: HTTPServer, corpus_file: Path, tmp_path: Path
 ) -> None:
     httpserver.expect_request("/search", headers={"X-API-KEY": SECRET}).respond_with_json(
-        {"organic": [{"title": "Orrery", "link": "https://o.example/", "snippet": "a model"}]}
+        {
+            "searchParameters": {"q": "orrery"},
+            "organic": [{"title": "Orrery", "link": "https://o.example/", "snippet": "a model"}],
+        }
     )
     env = {**os.environ, "SERPER_API_KEY": SECRET}
     env.pop("DEEPDIVE_SERVICE_TOKEN", None)

@@ -128,19 +128,25 @@ def test_the_drill_names_a_phase_and_nodes(monkeypatch: pytest.MonkeyPatch) -> N
     assert not drilled("services", 1)
 
 
+FILE = Path("tools.toml")
+
+
 def test_the_tool_server_runs_services_tool_workers_or_one_per_cpu_of_the_task(
     tmp_path: Path,
 ) -> None:
     folder = f'run.folder="{tmp_path}"'
     unseen = "local.eval.unseen_questions=2"
     specs = {s.name: s for s in build_backend(load_experiment(TINY, [folder, unseen])).services()}
-    assert specs["tools"].command_arguments(3)[-2:] == ["--workers", "3"]  # the task's CPUs
-    assert specs["tools"].command_arguments(64)[-2:] == ["--workers", str(MAX_DEFAULT_WORKERS)]
-    assert specs["tools-unseen"].command_arguments(64)[-2:] == ["--workers", "1"]
-    assert "--workers" not in specs["reward"].command_arguments(64)
+    assert specs["tools"].command_arguments(3, FILE)[-2:] == ["--workers", "3"]  # the task's CPUs
+    assert specs["tools"].command_arguments(64, FILE)[-2:] == [
+        "--workers",
+        str(MAX_DEFAULT_WORKERS),
+    ]
+    assert specs["tools-unseen"].command_arguments(64, FILE)[-2:] == ["--workers", "1"]
+    assert "--workers" not in specs["reward"].command_arguments(64, FILE)
     config = load_experiment(TINY, [folder, "services.tool_workers=2", 'run.backend="slime"'])
     (tools,) = [s for s in build_backend(config).services() if s.name == "tools"]
-    assert tools.command_arguments(64)[-2:] == ["--workers", "2"]
+    assert tools.command_arguments(64, FILE)[-2:] == ["--workers", "2"]
 
 
 def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(

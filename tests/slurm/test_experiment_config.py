@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import subprocess
+import tomllib
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deepdive.rollout_settings import settings_from_args
+from deepdive.rollout_settings import RolloutKnobs, settings_from_args
 from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
 from slurm.preflight import missing_inputs, require_inputs
@@ -88,6 +89,35 @@ def test_each_service_runs_with_the_config_its_table_gives(tmp_path: Path) -> No
     # a path is taken from where you submit, as the experiment's others
     here = load_experiment(write(tmp_path, '[services.tools]\ncorpus = "pages.jsonl"\n'))
     assert here.services.tools["corpus"] == str(Path.cwd() / "pages.jsonl")
+
+
+def test_the_slime_recipe_restates_no_default_of_the_knobs_or_the_services() -> None:
+    """configs/deepdive-qwen.toml sets a rollout knob or a service's key only to change it: the
+    defaults live once, in RolloutKnobs, ServicesTable and the services' config dataclasses."""
+    from services.commands import service_defaults
+    from slurm.config import ServicesTable
+
+    recipe = ROOT / "configs" / "deepdive-qwen.toml"
+    written = tomllib.loads(recipe.read_text(encoding="utf-8"))
+    services = written.get("services", {})
+    restated = [
+        f"slime.deepdive.{key}"
+        for key, value in written["slime"].get("deepdive", {}).items()
+        if getattr(RolloutKnobs(), key) == value
+    ]
+    restated += [
+        f"services.{key}"
+        for key, value in services.items()
+        if not isinstance(value, dict) and getattr(ServicesTable(), key) == value
+    ]
+    for name in ("tools", "reward"):
+        defaults = service_defaults(name)
+        restated += [
+            f"services.{name}.{key}"
+            for key, value in services.get(name, {}).items()
+            if not isinstance(value, dict) and getattr(defaults, key) == value
+        ]
+    assert not restated
 
 
 def test_overrides_reach_nested_tables(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import tomllib
 from pathlib import Path
 
 import orjson
@@ -154,7 +155,7 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
 ) -> None:
     """What the bootstrap's services phase does, without a cluster: the tool server's workers
     on the first ports of its range, every one ready, and their URLs what the rollout gets."""
-    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", no_index_cache=true}}'
+    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", index_cache=false}}'
     overrides = [
         f'run.folder="{tmp_path / "run"}"',
         'run.backend="slime"',
@@ -175,6 +176,12 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
         sglang_url="http://s:1", tool_server_url=urls["tools"], reward_server_url=urls["reward"]
     )
     assert settings.tool_server_urls == tuple(workers)
+    # each service's config, written into the node's folder of the attempt, handed by --config
+    folder = bootstrap.attempt.node_logs(0)
+    tools_file = folder / "tools.toml"
+    assert tomllib.loads(tools_file.read_text())["corpus"] == str(corpus_file)
+    assert tomllib.loads((folder / "reward.toml").read_text()) == {}  # the defaults
+    assert (folder / "tools.log").is_file()
 
 
 def bootstrap_at(tmp_path: Path, node: int, clock: FakeClock, cpus: int = 2) -> NodeBootstrap:

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container ci-two-hosts pin-images gpu-smoke lint typecheck unit slurm-install nix-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container ci-two-hosts pin-images gpu-smoke lint typecheck unit slurm-install nix-install browser-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -38,11 +38,16 @@ typecheck: setup
 
 # The Slurm tests bring up their own private 2-node cluster (scripts/local-slurm.sh); Slurm and
 # munge are installed here first when missing (as root), else those tests skip, saying why.
-unit: setup slurm-install nix-install
+unit: setup slurm-install nix-install browser-install
 	$(BIN)/pytest
 
 slurm-install:
 	@scripts/local-slurm.sh install || echo "Slurm is not installed: the Slurm tests will skip"
+
+# The trajectory page's tests drive a real headless Chromium through chromium-driver
+# (tests/browser.py); installed here when missing (as root), else those tests skip, saying why.
+browser-install:
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || scripts/apt-install.sh chromium chromium-driver || echo "Chromium is not installed: the browser tests will skip"
 
 # The flake's tests evaluate it with nix (offline, against a stand-in nixpkgs).
 nix-install:
@@ -102,8 +107,9 @@ image-context: setup
 image-cpu: setup
 	scripts/containers.sh cpu
 
+# NOTEST=1: build without %test (a host with no GPU driver), then `apptainer test --nv` on a GPU node
 image:
-	scripts/containers.sh train
+	NOTEST=$(NOTEST) scripts/containers.sh train
 
 ci-container: setup
 	scripts/containers.sh ci
@@ -122,6 +128,9 @@ pin-images:
 # experiment's nodes and image (EXPERIMENT=configs/x.toml, waiting for its report).
 # MODEL=/models/Qwen2.5-0.5B-Instruct for steps 4 and 5; ONLY=1,6 for some steps.
 SMOKE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+# IMAGE=deepdive-train.sif: first the image's own %test with the node's driver
+# (`apptainer test --nv`: what `make image NOTEST=1` left out), stopping there when it fails.
 gpu-smoke:
+	$(if $(IMAGE),apptainer test --nv $(IMAGE))
 	$(SMOKE_PYTHON) -m slurm.cli smoke $(EXPERIMENT) $(if $(EXPERIMENT),--wait) \
 		$(if $(MODEL),--model $(MODEL)) $(if $(ONLY),--only $(ONLY))

@@ -1,6 +1,7 @@
 """`make bench`: run every benchmark of today's code, print a table each, save JSON under
 benchmarks/results/ (docs/benchmarks.md lists them). The side-by-side comparison with another
-commit runs only when named: `--only side_by_side [--baseline REF] [--parts tools,rollout]`."""
+commit runs only when named: `--only side_by_side [--baseline REF] [--parts tools,rollout]`, as
+does the recorder's cost to the rollout: `--only trajectories [--baseline REF]`."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from benchmarks import (
     rollout,
     side_by_side,
     tool_server,
+    trajectories,
 )
 from benchmarks.baseline import BASELINE_COMMIT
 
@@ -324,6 +326,26 @@ def show_side_by_side_rollout(console: Console, rollouts: dict[str, Any]) -> Non
     console.print(roll)
 
 
+def show_trajectories(console: Console, results: dict[str, Any]) -> None:
+    base = results["baseline"]
+    table = Table(title=f"rollout CPU per turn with its episodes recorded, vs {base} (none)")
+    right_aligned(
+        table,
+        ("episodes", f"ms/turn {base}", "sampled", "all", "sampled / base", "all / base", "same"),
+    )
+    for run in results["runs"]:
+        table.add_row(
+            str(run["samples"]),
+            f"{run['baseline_cpu_ms_per_turn']:.4f}",
+            f"{run['sampled_cpu_ms_per_turn']:.4f}",
+            f"{run['all_cpu_ms_per_turn']:.4f}",
+            f"{run['sampled_ratio']:.3f}x",
+            f"{run['all_ratio']:.3f}x",
+            "yes" if run["identical_samples"] else "NO",
+        )
+    console.print(table)
+
+
 def show_node_services(console: Console, results: dict[str, Any]) -> None:
     table = Table(
         title=f"a 2-node slime job's services: {results['rollouts']} rollouts of "
@@ -393,15 +415,17 @@ def main() -> None:
             "local_training",
             "side_by_side",
             "node_services",
+            "trajectories",
         ],
-        help="run one benchmark (side_by_side runs only when named)",
+        help="run one benchmark (side_by_side and trajectories run only when named)",
     )
     parser.add_argument(
         "--baseline",
-        default=BASELINE_COMMIT,
+        default=None,
         metavar="REF",
-        help=f"side_by_side: the commit (or a folder holding a checkout) to compare this "
-        f"checkout with (default {BASELINE_COMMIT})",
+        help=f"side_by_side, trajectories: the commit (or a folder holding a checkout) to "
+        f"compare this checkout with (default {BASELINE_COMMIT}; trajectories: "
+        f"{trajectories.BASELINE})",
     )
     parser.add_argument(
         "--parts",
@@ -412,7 +436,12 @@ def main() -> None:
     console = Console(width=160)
     RESULTS.mkdir(exist_ok=True)
     if args.only == "side_by_side":
+        args.baseline = args.baseline or BASELINE_COMMIT
         run_side_by_side(console, args)
+    if args.only == "trajectories":
+        results = trajectories.run(args.baseline or trajectories.BASELINE)
+        (RESULTS / "trajectories.json").write_text(json.dumps(results, indent=2))
+        show_trajectories(console, results)
     if args.only in (None, "tool_server"):
         results = tool_server.run(seconds=args.seconds)
         (RESULTS / "tool_server.json").write_text(json.dumps(results, indent=2))

@@ -1,7 +1,7 @@
 """One rollout measurement in a fresh interpreter, for one source tree: the side-by-side
 benchmark runs it once for main at the baseline commit and once for this checkout.
 
-    python benchmarks/rollout_driver.py TREE URL SAMPLES TURNS TOKENIZER
+    python benchmarks/rollout_driver.py TREE URL SAMPLES TURNS TOKENIZER [BATCHES [log]]
 
 TREE goes first on sys.path, so `deepdive` is that tree's; only the interface both trees share
 is used (the `deepdive_*` args and `generate_with_tool`). TOKENIZER is a saved Hugging Face
@@ -11,7 +11,11 @@ loop, as a trainer's rollouts do (one batch of 64 lasts ~0.4 s: alone it measure
 set-up and cold caches more than turns). Prints one JSON line: the rollout's CPU per turn (this
 process alone, pinned to one core), the median over the batches, and a digest of every sample's
 tokens, loss mask, log-probs, response text and status, equal for every batch, so the two
-trees' samples can be compared.
+trees' samples can be compared. The samples come in groups of 8. With `log`, each batch ends as
+a trainer's rollout does, in slime's rollout log function (`deepdive.aborts.log_rollout`:
+the agent statistics, and, where the tree has one, the trajectory recorder, whose folder and
+sample are DEEPDIVE_TRAJECTORY_DIR and DEEPDIVE_TRAJECTORY_GROUPS), its writer waited for,
+inside the measured CPU (the writer's thread counts: process time is every thread's).
 """
 
 from __future__ import annotations
@@ -61,7 +65,24 @@ def digest(samples: list[Any]) -> str:
     return hasher.hexdigest()[:16]
 
 
-async def episodes(url: str, samples: int, turns: int, tokenizer: Any) -> dict[str, Any]:
+GROUP = 8
+
+
+def log_rollout(step: int, args: Any, samples: list[Any]) -> None:
+    """slime's rollout log path for the batch, and the recorder's writer waited for."""
+    from deepdive.aborts import log_rollout as logged
+
+    logged(step, args, samples, {}, 0.0)
+    try:
+        from deepdive.trajectory_recorder import flush_recorders
+    except ImportError:  # a tree without the recorder
+        return
+    flush_recorders()
+
+
+async def episodes(
+    url: str, samples: int, turns: int, tokenizer: Any, log: bool = False, step: int = 0
+) -> dict[str, Any]:
     from deepdive.rollout import generate_with_tool
     from deepdive.sample import LocalSample
 
@@ -75,13 +96,17 @@ async def episodes(url: str, samples: int, turns: int, tokenizer: Any) -> dict[s
     )
     run = uuid.uuid4().hex[:8]  # the fake counts turns per session: new names every run
     batch = [
-        LocalSample(prompt=PROMPT, label="Ilse Varen", session_id=f"{run}-{k}")
+        LocalSample(
+            prompt=PROMPT, label="Ilse Varen", session_id=f"{run}-{k}", group_index=k // GROUP
+        )
         for k in range(samples)
     ]
     started, cpu = time.perf_counter(), time.process_time()
     done = await asyncio.gather(
         *(generate_with_tool(args, s, {"max_new_tokens": 100_000}) for s in batch)
     )
+    if log:
+        log_rollout(step, args, list(done))
     elapsed, cpu_used = time.perf_counter() - started, time.process_time() - cpu
     turns_done = sum(s.metadata["deepdive"]["turns"] for s in done)
     return {
@@ -95,11 +120,15 @@ async def episodes(url: str, samples: int, turns: int, tokenizer: Any) -> dict[s
     }
 
 
-async def batches(url: str, samples: int, turns: int, count: int, tokenizer: Any) -> dict[str, Any]:
+async def batches(
+    url: str, samples: int, turns: int, count: int, tokenizer: Any, log: bool = False
+) -> dict[str, Any]:
     from deepdive.clients import close_clients
 
-    await episodes(url, 8, turns, tokenizer)  # warm-up: imports, pools, caches
-    runs = [await episodes(url, samples, turns, tokenizer) for _ in range(count)]
+    await episodes(url, 8, turns, tokenizer, log)  # warm-up: imports, pools, caches
+    runs = [
+        await episodes(url, samples, turns, tokenizer, log, step) for step in range(1, count + 1)
+    ]
     await close_clients()
     digests = {run["digest"] for run in runs}
     per_turn = sorted(run["cpu_ms_per_turn"] for run in runs)
@@ -115,13 +144,14 @@ async def batches(url: str, samples: int, turns: int, count: int, tokenizer: Any
 def main() -> None:
     tree, url, samples, turns, tokenizer_spec = sys.argv[1:6]
     count = int(sys.argv[6]) if len(sys.argv) > 6 else 5
+    log = len(sys.argv) > 7 and sys.argv[7] == "log"
     sys.path.insert(0, tree)
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {0})
     import uvloop
 
     tokenizer = load_tokenizer(tokenizer_spec)
-    result = uvloop.run(batches(url, int(samples), int(turns), count, tokenizer))
+    result = uvloop.run(batches(url, int(samples), int(turns), count, tokenizer, log))
     print(json.dumps(result), flush=True)
 
 

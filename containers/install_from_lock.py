@@ -16,6 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# always the lock's, replacing the base's: services/serving/uvicorn_internals.py subclasses
+# uvicorn's internals, written for one minor version (train_checks.py uvicorn checks it)
+REPLACE = {"uvicorn"}
 ENTRY = re.compile(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$")
 
 
@@ -32,18 +35,26 @@ def entries(lock: Path) -> list[tuple[str, str, str, list[str]]]:
 
 
 def main() -> None:
-    lock = Path(sys.argv[1])
+    dry_run = "--dry-run" in sys.argv[1:]  # print what pip would get, install nothing
+    lock = Path(next(arg for arg in sys.argv[1:] if arg != "--dry-run"))
     wanted = []
     for name, version, marker, hashes in entries(lock):
         try:
-            present = importlib.metadata.version(name)
+            present: str | None = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            pin = f"{name}=={version}" + (f" ; {marker}" if marker else "")
-            wanted.append(" \\\n    ".join([pin, *hashes]))
+            present = None
+        if present is not None and (name not in REPLACE or present == version):
+            note = "" if present == version else f" (the lock has {version})"
+            print(f"kept {name} {present}{note}")
             continue
-        note = "" if present == version else f" (the lock has {version})"
-        print(f"kept {name} {present}{note}")
+        if present is not None:
+            print(f"replacing {name} {present} with the lock's {version}")
+        pin = f"{name}=={version}" + (f" ; {marker}" if marker else "")
+        wanted.append(" \\\n    ".join([pin, *hashes]))
     if not wanted:
+        return
+    if dry_run:
+        print("would install:\n" + "\n".join(wanted))
         return
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as requirements:
         requirements.write("\n".join(wanted) + "\n")

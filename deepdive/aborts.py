@@ -24,11 +24,13 @@ from typing import Any
 
 import orjson
 
+from deepdive.agent_stats import SLIME_PREFIX, agent_statistics
 from deepdive.eval_metrics import answered_view, has_aborted
 from deepdive.messages import most_said, one_line
 from deepdive.rollout_settings import arg_name, settings_from_args
 from deepdive.sample import status_name
 from deepdive.tool_errors import check_tool_error_share, tool_error_counts, tool_error_metrics
+from deepdive.trajectory_recorder import record_rollout
 from services.base.errors import DeepDiveError, UpstreamBadResponse
 from services.base.logs import log_event
 from services.http import UpstreamReply
@@ -171,14 +173,21 @@ def log_rollout(
     256-260, from slime/ray/rollout.py, line 506, in RolloutManager.generate, whose error
     train.py's ray.get raises: train.py, line 53). The aborted count and share, and the tool
     calls that failed by kind (deepdive.tool_errors), join the rollout's metrics, which slime
-    logs next (lines 265-271); returns False so it does."""
+    logs next (lines 265-271); returns False so it does. So do the agent's statistics
+    (deepdive.agent_stats); and a sample of the rollout's episodes is recorded to the run
+    folder (deepdive.trajectory_recorder, written on a background thread of this process:
+    slime's rollout process)."""
     flat = _flat(samples)
     settings = settings_from_args(args)
     aborted = sum(aborted_errors(flat).values())
+    agent = agent_statistics(flat)
     if isinstance(metrics, dict):
         metrics["rollout/deepdive/aborted"] = aborted
         metrics["rollout/deepdive/aborted_ratio"] = aborted / len(flat) if flat else 0.0
         metrics.update(tool_error_metrics(tool_error_counts(flat)))
+        metrics.update({SLIME_PREFIX + key: value for key, value in agent.items()})
+    # recorded before the checks: a rollout that stops the run keeps its episodes
+    record_rollout(args, rollout_id, flat, stats=agent)
     check_aborted_share(flat, settings.max_aborted_share, rollout_id)
     check_tool_error_share(flat, settings.max_tool_error_share, rollout_id)
     return False
@@ -199,10 +208,15 @@ def log_eval_rollout(
     stand-in where slime is not installed), over the answered episodes with the aborted count
     beside (deepdive.eval_metrics), and it returns True so slime does not log it again."""
     settings = settings_from_args(args)
-    for name, result in (data or {}).items():
-        samples = _flat(result.get("samples") or []) if isinstance(result, dict) else []
-        check_aborted_share(samples, settings.max_aborted_share, rollout_id, str(name))
-        check_tool_error_share(samples, settings.max_tool_error_share, rollout_id, str(name))
+    sets = {
+        str(name): _flat(result.get("samples") or []) if isinstance(result, dict) else []
+        for name, result in (data or {}).items()
+    }
+    every = [sample for samples in sets.values() for sample in samples]
+    record_rollout(args, rollout_id, sets, evaluation=True, stats=agent_statistics(every))
+    for name, samples in sets.items():
+        check_aborted_share(samples, settings.max_aborted_share, rollout_id, name)
+        check_tool_error_share(samples, settings.max_tool_error_share, rollout_id, name)
     if not has_aborted(data):
         return False
     answered, metrics, quiet = answered_view(args, data, extra_metrics)

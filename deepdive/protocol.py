@@ -228,6 +228,9 @@ def validate_arguments(name: str, arguments: Any) -> dict[str, Any]:
 
 # ASCII digits only: str.isdigit() is also true for "²" or "¹²³", which int() refuses.
 _ASCII_DIGITS = re.compile(r"[0-9]{1,9}")
+# The largest whole number an argument may be (what the digits above allow): a model's 1e30
+# became a 100-bit int that JSON encoders refuse (orjson raises TypeError past 64 bits).
+MAX_WHOLE_NUMBER = 999_999_999
 
 
 def _whole_number(arguments: dict[str, Any], key: str, default: int | None) -> Any:
@@ -250,6 +253,11 @@ def _whole_number(arguments: dict[str, Any], key: str, default: int | None) -> A
         )
     if number < 1:
         raise ProtocolError("invalid_arguments", f'"{key}" must be at least 1, got {number}')
+    if number > MAX_WHOLE_NUMBER:
+        raise ProtocolError(
+            "invalid_arguments",
+            f'"{key}" must be at most {MAX_WHOLE_NUMBER}, got {str(value)[:40]}',
+        )
     return number
 
 

@@ -181,6 +181,9 @@ class RolloutStats:
     error: str | None = None
     tool_errors: Counter[str] = field(default_factory=Counter)
     tool_error_words: Counter[str] = field(default_factory=Counter)
+    # per model turn, where its text and its observation lie in sample.response and what the
+    # call was (deepdive.trajectory_recorder reads it): a few small fields, not the texts
+    turn_log: list[dict[str, Any]] = field(default_factory=list)
 
     def count_tool_error(self, reply: ToolReply) -> None:
         kind = reply.error_kind
@@ -201,6 +204,7 @@ class RolloutStats:
             "generation_s": round(self.generation_s, 4),
             "tool_s": round(self.tool_s, 4),
             "evaluation": evaluation,
+            "turn_log": self.turn_log,
         }
 
 
@@ -367,6 +371,8 @@ async def generate_with_tool(
             status = "ABORTED"
             break
         trajectory.add_model_turn(turn)
+        logged: dict[str, Any] = {"chars": len(turn.text), "tokens": len(turn.ids)}
+        stats.turn_log.append(logged)
         if turn.finish_reason == "length":
             stats.error = "length"
             break
@@ -380,6 +386,7 @@ async def generate_with_tool(
             )
             stats.error = f"malformed: {reason}"
             stats.tool_calls["malformed"] += 1
+            logged["call_error"] = reason
             if settings.on_malformed == "fail":
                 status = "FAILED"
                 break
@@ -388,15 +395,19 @@ async def generate_with_tool(
             )
         elif found.call.name == FINISH:
             stats.tool_calls[FINISH] += 1
+            logged["call"] = [FINISH, found.call.arguments]
             stats.error = None
             status = "COMPLETED"
             break
         else:
             stats.tool_calls[found.call.name] += 1
+            logged["call"] = [found.call.name, found.call.arguments]
             started = time.monotonic()
             reply = await call_tool(settings, tool_url, session_id, found.call, forbidden)
             stats.tool_s += time.monotonic() - started
             stats.count_tool_error(reply)
+            if reply.error is not None:
+                logged["tool_error"] = reply.error.code
             observation = reply.observation
         text = format_observation(observation)
         ids = observations.ids(text)
@@ -404,6 +415,7 @@ async def generate_with_tool(
             stats.error = "context_limit"
             break
         trajectory.add_observation(ids, text)
+        logged["obs_chars"], logged["obs_tokens"] = len(text), len(ids)
     if any(stats.tool_calls[name] for name in BROWSING_TOOLS):
         await close_session(settings, tool_url, session_id)
     return _finish_sample(

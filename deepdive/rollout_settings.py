@@ -23,6 +23,7 @@ import os
 from argparse import Namespace
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,6 +45,9 @@ EVAL_LOG_FUNCTION_PATH = "deepdive.aborts.log_eval_rollout"
 REWARD_POST_PROCESS_PATH = "deepdive.group_rewards.post_process_rewards"
 # The tokenizer object the local backend hands the rollout (slime's hook loads hf_checkpoint's).
 TOKENIZER_ARG = "deepdive_tokenizer"
+# Where the rollout log functions record episodes (RUN/trajectories): a key of the custom-config
+# YAML the slime backend writes with the run folder; unset, nothing is recorded.
+TRAJECTORY_DIR_ARG = "deepdive_trajectory_dir"
 _PREFIX = "deepdive_"
 NODES = ";"  # between nodes in the string form of the tool server's URLs
 
@@ -87,6 +91,11 @@ class RolloutKnobs:
                         an upstream unavailable, a rate limit, a key refused, a deadline)
                         stops the run (deepdive.tool_errors); a compute node without internet
                         fails them all; 1 never stops
+    trajectory_groups   4, ours: the groups of each training step whose episodes are recorded
+                        to the run folder (deepdive.trajectory_recorder; an evaluation's are
+                        all recorded); 0 records none
+    trajectory_max_mb   1024, ours: the recorded steps' files at most; past it the oldest
+                        steps are removed
     """
 
     # how a key is named in an error: the `args` name here; a table embedding the knobs
@@ -101,18 +110,26 @@ class RolloutKnobs:
     retries: int = 4
     max_aborted_share: float = 0.5
     max_tool_error_share: float = 0.5
+    trajectory_groups: int = 4
+    trajectory_max_mb: float = 1024.0
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "tool_timeout_s", "reward_timeout_s", "generate_timeout_s"):
+        for name in (
+            "max_turns",
+            "tool_timeout_s",
+            "reward_timeout_s",
+            "generate_timeout_s",
+            "trajectory_max_mb",
+        ):
             positive(self.KEYS + name, getattr(self, name))
         if self.on_malformed not in ("fail", "continue"):
             raise ConfigError(
                 f"{self.KEYS}on_malformed: expected fail or continue, got {self.on_malformed!r}"
             )
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ConfigError(
-                f"{self.KEYS}retries: expected a whole number >= 0, got {self.retries!r}"
-            )
+        for name in ("retries", "trajectory_groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{self.KEYS}{name}: expected a whole number >= 0, got {value!r}")
         for name in ("max_aborted_share", "max_tool_error_share"):
             share = getattr(self, name)
             if not (
@@ -215,17 +232,34 @@ def service_urls(tool_server_url: object, reward_server_url: object) -> dict[str
 
 
 def slime_custom_config(
-    knobs: RolloutKnobs, max_context_tokens: int, tool_server_url: str, reward_server_url: str
+    knobs: RolloutKnobs,
+    max_context_tokens: int,
+    tool_server_url: str,
+    reward_server_url: str,
+    trajectory_dir: str | None = None,
 ) -> dict[str, Any]:
     """The keys of slime's --custom-config-path YAML, which slime sets on `args`: the knobs,
-    the episode's context and the services' URLs, checked as the hook reads them. No SGLang
-    URL: inside slime it is its router's (`settings_from_args` reads that default)."""
+    the episode's context, the services' URLs, checked as the hook reads them, and where
+    episodes are recorded. No SGLang URL: inside slime it is its router's
+    (`settings_from_args` reads that default)."""
     positive(arg_name("max_context_tokens"), max_context_tokens)
     return {
         **knobs.as_args(),
         arg_name("max_context_tokens"): max_context_tokens,
         **service_urls(tool_server_url, reward_server_url),
+        **({TRAJECTORY_DIR_ARG: trajectory_dir} if trajectory_dir else {}),
     }
+
+
+def trajectory_dir(args: Any) -> Path | None:
+    """Where this rollout records its episodes (`TRAJECTORY_DIR_ARG`, or the
+    DEEPDIVE_TRAJECTORY_DIR variable by hand); None: nothing is recorded."""
+    value = getattr(args, TRAJECTORY_DIR_ARG, None) or os.environ.get("DEEPDIVE_TRAJECTORY_DIR")
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike) or not str(value).strip():
+        raise ConfigError(f"{TRAJECTORY_DIR_ARG}: expected a folder's path, got {value!r}")
+    return Path(value)
 
 
 # The endpoints under each base URL, as DeepDive's DEEPDIVE_TOOL_SERVER_URL and

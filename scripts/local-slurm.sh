@@ -61,6 +61,16 @@ stop_pid() {  # stop_pid PIDFILE NAME
   rm -f "$1"
 }
 
+# The daemons: PATH's where there are (a `nix develop` shell's, with their plugins beside them in
+# lib/slurm), else Debian's in /usr/sbin (not on a user's PATH).
+daemon() {  # daemon NAME: the path of the daemon to run
+  command -v "$1" 2>/dev/null || echo "/usr/sbin/$1"
+}
+SLURMCTLD=$(daemon slurmctld)
+SLURMD=$(daemon slurmd)
+MUNGED=$(daemon munged)
+PLUGINS=$(dirname "$(dirname "$SLURMCTLD")")/lib/slurm  # Debian's: none there (its default)
+
 install() {
   if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
      && command -v sbatch >/dev/null; then
@@ -76,7 +86,7 @@ up() {
   chown -R munge:munge "$M"; chmod 700 "$M/etc"; chmod 400 "$M/etc/munge.key"
   if ! alive "$M/run/munged.pid" munged; then
     rm -f "$M/run/munge.socket" "$M/run/munge.socket.lock"
-    runuser -u munge -- /usr/sbin/munged --key-file="$M/etc/munge.key" --socket="$M/run/munge.socket" \
+    runuser -u munge -- "$MUNGED" --key-file="$M/etc/munge.key" --socket="$M/run/munge.socket" \
       --pid-file="$M/run/munged.pid" --log-file="$M/log/munged.log" --seed-file="$M/lib/munged.seed"
     wait_for "munged to start" alive "$M/run/munged.pid" munged
   fi
@@ -101,6 +111,7 @@ SlurmctldPidFile=$S/run/slurmctld.pid
 SlurmdPidFile=$S/run/slurmd-%n.pid
 SlurmctldLogFile=$S/log/slurmctld.log
 SlurmdLogFile=$S/log/slurmd-%n.log
+$([[ -d $PLUGINS ]] && echo "PluginDir=$PLUGINS")
 $policy
 NodeName=n[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$((SLURMD_PORT0 + 1))-$((SLURMD_PORT0 + NODES))] CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
@@ -113,12 +124,12 @@ CONF
     rm -f "$conf"
   fi
   if ! alive "$S/run/slurmctld.pid" slurmctld; then
-    /usr/sbin/slurmctld -f "$CONF"
+    "$SLURMCTLD" -f "$CONF"
     wait_for "slurmctld to start" alive "$S/run/slurmctld.pid" slurmctld
   fi
   for i in $(seq 1 "$NODES"); do
     if ! alive "$S/run/slurmd-n$i.pid" slurmd; then
-      /usr/sbin/slurmd -f "$CONF" -N "n$i"
+      "$SLURMD" -f "$CONF" -N "n$i"
       wait_for "slurmd n$i to start" alive "$S/run/slurmd-n$i.pid" slurmd
     fi
   done

@@ -21,8 +21,9 @@ own children dying) between polls, so one failure ends the whole job in seconds,
 are stopped by PID, never by name.
 
 Preemption and timeouts follow submitit's protocol: Slurm sends its warning (SIGURG,
-`--signal`: slurm/requeue.py), submitit calls `NodeJob.checkpoint` on node 0, which tells every
-node to stop and asks for a requeue (up to slurm.max_requeues), made by the batch script once
+`--signal`: slurm/requeue.py), submitit calls `NodeJob.checkpoint` on node 0, which first lets
+the trainer save at its next rollout boundary when the warning leaves time (slurm/preemption.py),
+then tells every node to stop and asks for a requeue (up to slurm.max_requeues), made by the batch script once
 every node has stopped; the next attempt starts over in a new attempt folder, and the backend
 resumes from the newest complete checkpoint in the run folder.
 """
@@ -33,6 +34,7 @@ import functools
 import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -47,6 +49,7 @@ from typing import Any
 
 import submitit
 
+from deepdive.save_timing import SAVE_TIMING_ENV
 from services.base.errors import DeepDiveError
 from services.base.logs import configure_logging, log_event, register_secret
 from services.base.process import ServiceProcess, child_preexec, terminate
@@ -59,6 +62,7 @@ from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.environment import NodeInfo, current_node
 from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
+from slurm.preemption import WarnedSave
 from slurm.process_start import process_started_at
 from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode, node_resource
 from slurm.run_folder import RunFolder, read_json, write_json
@@ -84,10 +88,20 @@ class NodeJob(submitit.helpers.Checkpointable):
 
     def __init__(self, config: ExperimentConfig) -> None:
         self.config = config
+        self._bootstrap: NodeBootstrap | None = None  # while it runs, for checkpoint()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What checkpoint() resubmits: the experiment, never the running node."""
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config = state["config"]
+        self._bootstrap = None
 
     def __call__(self) -> int:
         requeue.answer_usr2_too()
         bootstrap = NodeBootstrap(self.config, current_node())
+        self._bootstrap = bootstrap
         try:
             code = bootstrap.run()
         except SystemExit:  # submitit's handler ends node 0 after asking for the requeue
@@ -100,16 +114,21 @@ class NodeJob(submitit.helpers.Checkpointable):
     def checkpoint(  # type: ignore[override]  # submitit reads None as "do not requeue"
         self, *args: Any, **kwargs: Any
     ) -> submitit.helpers.DelayedSubmission | None:
-        """submitit calls this on node 0 when the warning arrives (preemption or time limit): tell
-        every node to stop, and requeue unless the run has used its requeues."""
+        """submitit calls this on node 0 when the warning arrives (preemption or time limit): let
+        the trainer save at its next rollout boundary if the warning leaves time for it
+        (slurm/preemption.py), then tell every node to stop, and requeue unless the run has used
+        its requeues. The end note says what the warning saved and what the requeue loses."""
         node = current_node()
         attempt = RunFolder(Path(self.config.run.folder)).attempt(node.attempt)
+        warning = self._bootstrap.save_on_warning() if self._bootstrap is not None else {}
         allowed = self.config.slurm.max_requeues
         if node.restart_count >= allowed:
-            write_json(attempt.end, {"stopped": "signal", "requeue": False, "t": time.time()})
+            note = {"stopped": "signal", "requeue": False, "warning": warning, "t": time.time()}
+            write_json(attempt.end, note)
             logger.warning("not requeued: the run has been requeued %d times already", allowed)
             return None
-        write_json(attempt.end, {"stopped": "signal", "requeue": True, "t": time.time()})
+        note = {"stopped": "signal", "requeue": True, "warning": warning, "t": time.time()}
+        write_json(attempt.end, note)
         log_event(logger, "requeue", attempt=node.attempt, next=node.restart_count + 1)
         return super().checkpoint()
 
@@ -377,13 +396,19 @@ class NodeBootstrap:
 
     def _start_trainer(self, environment: dict[str, str]) -> None:
         command = self.backend.command(self.attempt)
-        self.run_folder.command.write_text(" ".join(command) + "\n")
+        self.run_folder.record_command(command)
         resume = self.backend.resume_point()
-        log_event(logger, "trainer", resume=resume or "fresh", command=" ".join(command))
+        log_event(logger, "trainer", resume=resume or "fresh", command=shlex.join(command))
         assert self.ray is not None
         self.trainer = subprocess.Popen(  # noqa: S603 (the backend's command, no shell)
             command,
-            env={**os.environ, **environment, **RAY_ENVIRONMENT, "RAY_ADDRESS": self.ray.address},
+            env={
+                **os.environ,
+                **environment,
+                **RAY_ENVIRONMENT,
+                "RAY_ADDRESS": self.ray.address,
+                SAVE_TIMING_ENV: str(self.run_folder.save_timing),  # slurm/preemption.py
+            },
             cwd=self.backend.working_directory(),
             preexec_fn=child_preexec,
         )
@@ -496,6 +521,27 @@ class NodeBootstrap:
             write_json(self.attempt.failed(other), {**note, "t": time.time()})
             logger.error("job failed: node %d failed during %s: %s", other, phase, reason)
             print(f"deepdive: node {other} failed during {phase}: {reason}", file=sys.stderr)
+
+    def save_on_warning(self) -> dict[str, Any]:
+        """Node 0, warned: the trainer's save at its next rollout boundary if time allows
+        (slurm/preemption.py), and what a requeue then loses, for the end note."""
+        from slurm import event_files
+        from slurm.status import REWARD_TAGS, redone
+
+        if not self.node.is_head:
+            return {}
+        slurm, bootstrap = self.config.slurm, self.config.bootstrap
+        wait = WarnedSave(
+            self.run_folder.save_timing, slurm.signal_delay_s, bootstrap.stop_timeout_s, self.clock
+        )
+        outcome = wait.run(self.trainer)
+        logged = event_files.latest(self.run_folder.tensorboard, REWARD_TAGS)
+        step = logged.step if logged is not None else None
+        checkpoint = self.backend.checkpoint_step()
+        outcome |= {"step": step, "checkpoint": checkpoint, "lost": redone(step, checkpoint)}
+        self.phases.record("warning", "save", **outcome)
+        log_event(logger, "warning", **outcome)
+        return outcome
 
     def wait_for_peers_to_stop(self) -> None:
         """Node 0 asked for a requeue, which the batch script makes once srun returns: before

@@ -100,6 +100,16 @@ COMMANDS: list[Subcommand] = [
         "add_eval_arguments",
         "run_eval",
     ),
+    Subcommand(
+        "trajectories",
+        "the episodes of a run or an eval: on the terminal, or one HTML page",
+        "Print a run's (or a `deepdive eval` folder's) episodes turn by turn, filtered with "
+        "--where; --html FILE writes a self-contained page with the per-step statistics as "
+        "plots and a filterable list of episodes.",
+        "slurm.command",
+        "add_trajectories_arguments",
+        "run_trajectories",
+    ),
 ]
 ENGINE = Subcommand(
     "engine",

@@ -144,7 +144,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_status(args: argparse.Namespace) -> None:
     from slurm.scheduler import job_state
-    from slurm.status import find_run, run_status
+    from slurm.status import agent_line, find_run, run_status
 
     status = run_status(find_run(args.run), job_state)
     if args.json:
@@ -161,6 +161,9 @@ def run_status(args: argparse.Namespace) -> None:
     step = "-" if status.step is None else str(status.step)
     reward = "-" if status.reward is None else f"{status.reward:.3f}"
     print(f"step      {step} (reward {reward})")
+    agent = agent_line(status.agent)
+    if agent:
+        print(f"agent     {agent} (per episode)")
     checkpoint = "-" if status.checkpoint is None else f"step {status.checkpoint}"
     print(
         f"checkpoint {checkpoint}"
@@ -169,6 +172,8 @@ def run_status(args: argparse.Namespace) -> None:
     print(f"finished  {'yes' if status.finished else 'no'}")
     if status.requeue:
         print(f"requeue   {status.requeue}")
+    if status.warning:
+        print(f"warning   {status.warning}")
     for failure in status.failures:
         print(f"FAILED    node {failure['node']} during {failure['phase']}: {failure['error']}")
 
@@ -284,3 +289,54 @@ def run_eval(args: argparse.Namespace) -> None:
     console = Console()
     evaluate(config, checkpoints, rows, args.samples, args.temperature, out, console)
     console.print(f"results: {out / 'results.jsonl'}, summary: {out / 'summary.json'}")
+    console.print(f"episodes: deepdive trajectories {out} (--html {out / 'episodes.html'})")
+
+
+def add_trajectories_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", type=Path, help="a run folder (deepdive run / submit) or a `deepdive eval` --out"
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="only this training step's episodes")
+    which.add_argument("--last", action="store_true", help="only the newest step's episodes")
+    parser.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep matching episodes (repeat: all must match): reward=1, status=aborted, "
+        "tool=open, text=WORDS, step=N, checkpoint=NAME, id=ID",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=20, help="episodes printed on the terminal (default 20)"
+    )
+    parser.add_argument("--unfold", action="store_true", help="print observations in full")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write one self-contained page instead (plots, a filterable list of episodes)",
+    )
+
+
+def run_trajectories(args: argparse.Namespace) -> None:
+    from rich.console import Console
+
+    from slurm.trajectories import Where, load_episodes, read_stats, select
+
+    wheres = [Where.parse(term) for term in args.where]
+    episodes = load_episodes(args.run)
+    chosen = select(episodes, wheres, args.step, args.last)
+    if args.html is None:
+        from slurm.trajectory_terminal import print_episodes
+
+        print_episodes(chosen, Console(), max(0, args.limit), args.unfold)
+        return
+    from slurm.trajectory_page import render_page
+
+    page = render_page(f"deepdive trajectories: {args.run}", chosen, episodes, read_stats(args.run))
+    atomic_write_bytes(args.html, page.encode())
+    print(
+        f"{args.html}: {len(chosen)} of {len(episodes)} episodes; open it with: "
+        f"xdg-open {args.html}"
+    )

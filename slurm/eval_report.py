@@ -1,40 +1,46 @@
-"""What `deepdive eval` writes: one row per episode (results.jsonl) and, per checkpoint, the
-summary a comparison needs (summary.json, and a table on the console)."""
+"""What `deepdive eval` writes: one row per episode (results.jsonl, in the records training
+keeps: deepdive.trajectory_format) and, per checkpoint, the summary a comparison needs
+(summary.json, and a table on the console)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from deepdive.eval_metrics import answered_accuracy
-from deepdive.sample import status_name
+from deepdive.trajectory_recorder import episode_record, snapshot
 
 
 def episode_row(
     checkpoint: str, row: dict[str, Any], sample: Any, group_size: int
 ) -> dict[str, Any]:
-    """One episode: the question, the trajectory, the answer the judge read, the reward."""
-    stats = (sample.metadata or {}).get("deepdive") or {}
-    details = (sample.metadata or {}).get("reward_details") or {}
+    """One episode, as training records them (deepdive.trajectory_format: `read_episodes`
+    reads results.jsonl), with the checkpoint's name, the row's `id` and the whole
+    `trajectory` beside: the question, every turn, the answer the judge read, the reward."""
     messages = row.get("input_messages") or []
     question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
-    return {
-        "checkpoint": checkpoint,
-        "id": row.get("id"),
-        "sample": (sample.index or 0) % group_size,
-        "question": question,
-        "label": row.get("label"),
-        "answer": details.get("extracted_answer") if isinstance(details, dict) else None,
-        "reward": float(sample.reward) if isinstance(sample.reward, int | float) else 0.0,
-        "status": status_name(sample),
-        "turns": stats.get("turns", 0),
-        "tool_calls": stats.get("tool_calls", {}),
-        "error": stats.get("error"),
-        "trajectory": sample.response,
-    }
+    item = snapshot(sample, (sample.index or 0) % group_size)
+    if not isinstance(item.forbidden, list | tuple) or not item.forbidden:
+        item = replace(item, forbidden=[str(question or "")])
+    if item.label is None:
+        item = replace(item, label=row.get("label"))
+    if item.prompt_id is None:
+        item = replace(item, prompt_id=row.get("id"))
+    if item.group < 0:
+        item = replace(item, group=(sample.index or 0) // max(1, group_size))
+    record = episode_record(item, checkpoint_step(checkpoint), True, checkpoint)
+    return {**record.as_json(), "id": row.get("id"), "trajectory": sample.response}
+
+
+def checkpoint_step(name: str) -> int:
+    """The step in a checkpoint's name (iter_0000100, step-000004), 0 when it has none."""
+    digits = re.findall(r"\d+", name)
+    return int(digits[-1]) if digits else 0
 
 
 def _reason(error: Any) -> str:
@@ -54,22 +60,21 @@ def summarize(rows: list[dict[str, Any]], samples: int) -> dict[str, Any]:
     calls: Counter[str] = Counter()
     for row in rows:
         calls.update(row["tool_calls"])
+    statuses = [row["status"].upper() for row in rows]
     count = max(1, len(rows))
     return {
         "questions": len(by_question),
         "episodes": len(rows),
         "samples_per_question": samples,
-        "accuracy": answered_accuracy(
-            [row["reward"] for row in rows], [row["status"] for row in rows]
-        )[0],
+        "accuracy": answered_accuracy([row["reward"] for row in rows], statuses)[0],
         "accuracy_all_episodes": sum(row["reward"] for row in rows) / count,
         f"pass_at_{samples}": sum(1 for r in by_question.values() if max(r) > 0)
         / max(1, len(by_question)),
-        "turns_mean": sum(row["turns"] for row in rows) / count,
+        "turns_mean": sum(len(row["turns"]) for row in rows) / count,
         "tool_calls_mean": {name: n / count for name, n in sorted(calls.items())},
-        "statuses": dict(Counter(row["status"] for row in rows)),
+        "statuses": dict(Counter(statuses)),
         # SGLang refused or failed these: no answer, left out of the accuracy (deepdive.aborts)
-        "aborted": sum(1 for row in rows if row["status"] == "ABORTED"),
+        "aborted": statuses.count("ABORTED"),
         "failure_reasons": dict(
             Counter(_reason(row["error"]) for row in rows if row["error"]).most_common()
         ),

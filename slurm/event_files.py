@@ -121,3 +121,21 @@ def latest(folder: Path, tags: tuple[str, ...]) -> Scalar | None:
                 if known is None or scalar.wall_time >= known.wall_time:
                     found[scalar.tag] = scalar
     return next((found[tag] for tag in tags if tag in found), None)
+
+
+def at_step(folder: Path, step: int, prefixes: tuple[str, ...]) -> dict[str, float]:
+    """Every scalar logged at `step` under a tag starting with one of `prefixes` (the newest
+    write of each tag: a requeued attempt logs its steps again), the prefix taken off."""
+    found: dict[str, Scalar] = {}
+    for path in sorted(folder.rglob(PATTERN)) if folder.is_dir() else []:
+        for scalar in scalars(path):
+            if scalar.step != step or not scalar.tag.startswith(prefixes):
+                continue
+            known = found.get(scalar.tag)
+            if known is None or scalar.wall_time >= known.wall_time:
+                found[scalar.tag] = scalar
+    shown: dict[str, float] = {}
+    for tag, scalar in sorted(found.items()):
+        prefix = next(p for p in prefixes if tag.startswith(p))
+        shown[tag.removeprefix(prefix)] = scalar.value
+    return shown

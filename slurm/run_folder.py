@@ -5,6 +5,7 @@ each other there.
     RUN/command.txt             the training command line of the last attempt
     RUN/jobs.jsonl              every submission: job id, time, nodes
     RUN/finished.json           the run ended well; submitting it again does nothing
+    RUN/save_timing.json        the trainer's newest save: its step and time (slurm/preemption.py)
     RUN/submitit/               submitit's folder: the pickled job, sbatch scripts, task logs
     RUN/attempts/JOB-RESTART/   one folder per attempt (a requeue is a new attempt):
         node-K.log                  node K's console: bootstrap, and on node 0 the trainer
@@ -21,6 +22,8 @@ each other there.
         requeue-asked.json          node 0's submitit asked for a requeue (slurm/requeue.py)
         requeue-answer.json         Slurm's answer, from the batch script once srun returned
     RUN/logs/tensorboard/       the trainer's TensorBoard events (what `deepdive status` reads)
+    RUN/trajectories/           each step's recorded episodes and agent statistics
+                                (docs/trajectories.md)
     RUN/checkpoints, logs/, ...  the backend's own files (checkpoints, metrics)
 
 Every note is written whole (a partial file renamed into place), so a reader on another node
@@ -30,6 +33,7 @@ sees either nothing or all of it. The run folder and the submitit folder are pri
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,8 +146,16 @@ class RunFolder:
         return self.root / "submitit"
 
     @property
+    def save_timing(self) -> Path:
+        return self.root / "save_timing.json"
+
+    @property
     def tensorboard(self) -> Path:
         return self.root / "logs" / "tensorboard"
+
+    @property
+    def trajectories(self) -> Path:
+        return self.root / "trajectories"
 
     @property
     def attempts(self) -> Path:
@@ -152,12 +164,27 @@ class RunFolder:
     def attempt(self, name: str) -> AttemptFolder:
         return AttemptFolder(self.attempts / name)
 
-    def latest_attempt(self) -> AttemptFolder | None:
-        """The attempt begun last (by job id, then requeue count)."""
+    def attempts_in_order(self) -> list[AttemptFolder]:
+        """Every attempt, the first begun first (by job id, then requeue count)."""
         names = [path.name for path in self.attempts.glob("*-*") if path.is_dir()]
-        if not names:
+        return [self.attempt(name) for name in sorted(names, key=_attempt_order)]
+
+    def latest_attempt(self) -> AttemptFolder | None:
+        """The attempt begun last."""
+        attempts = self.attempts_in_order()
+        return attempts[-1] if attempts else None
+
+    def record_command(self, argv: list[str]) -> None:
+        """command.txt, quoted as a shell reads it: pasted into a shell, it runs that argv."""
+        atomic_write_bytes(self.command, (shlex.join(argv) + "\n").encode())
+
+    def recorded_command(self) -> list[str] | None:
+        """The argv command.txt holds, or None before the first attempt wrote it."""
+        try:
+            text = self.command.read_bytes().decode()
+        except FileNotFoundError:
             return None
-        return self.attempt(max(names, key=_attempt_order))
+        return shlex.split(text)
 
     def submitted_jobs(self) -> list[dict[str, Any]]:
         try:

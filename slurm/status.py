@@ -24,6 +24,9 @@ from slurm.run_folder import AttemptFolder, RunFolder, read_json
 # slime/observability/train_metric_utils.py at 624b824, logged with step "rollout/step"), the
 # local backend's reward_mean (deepdive/local/run_log.py).
 REWARD_TAGS = ("rollout/raw_reward", "reward_mean")
+# The agent's statistics of a step (deepdive.agent_stats), logged at the reward's step: slime's
+# through our rollout log function, the local backend's with its metrics.
+AGENT_PREFIXES = ("rollout/deepdive/agent/", "agent/")
 
 
 def jobs_index() -> Path:
@@ -74,6 +77,11 @@ class RunStatus:
     checkpoint: int | None = None  # the newest complete checkpoint's step
     # what a requeue loses (the steps logged since that checkpoint, redone by the next attempt)
     redo: str | None = None
+    # the newest warning (preemption or time limit): the save it made, or why none, and what
+    # its requeue lost (slurm/preemption.py)
+    warning: str | None = None
+    # the agent's statistics at `step` (deepdive.agent_stats: tool calls, turns, rates)
+    agent: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON's keys are strings: the nodes' numbers become "0", "1", ..."""
@@ -118,12 +126,38 @@ def run_status(run: RunFolder, state_of: Any = None) -> RunStatus:
     reward = event_files.latest(run.tensorboard, REWARD_TAGS)
     if reward is not None:
         status.step, status.reward = reward.step, reward.value
+        status.agent = event_files.at_step(run.tensorboard, reward.step, AGENT_PREFIXES)
     note = read_json(run.finished)
     if isinstance(note, dict):
         status.finished = True
     status.checkpoint = checkpoint_step(run)
     status.redo = redone(status.step, status.checkpoint)
+    status.warning = last_warning(run)
     return status
+
+
+def last_warning(run: RunFolder) -> str | None:
+    """The newest attempt's warning that node 0 acted on (its end note), in words."""
+    for attempt in reversed(run.attempts_in_order()):
+        end = read_json(attempt.end)
+        warning = end.get("warning") if isinstance(end, dict) else None
+        if isinstance(warning, dict) and warning:
+            return f"attempt {attempt.root.name}: {describe_warning(warning)}"
+    return None
+
+
+def describe_warning(warning: dict[str, Any]) -> str:
+    """One warning's end note in words: the save, then what the requeue lost."""
+    what = warning.get("save")
+    if what == "saved":
+        done = (
+            f"saved step {warning.get('saved_step')} at the next rollout boundary "
+            f"({warning.get('save_s')} s save, {warning.get('waited_s')} s after the warning)"
+        )
+    else:
+        done = f"no save on the warning ({what}: {warning.get('why')})"
+    lost = warning.get("lost") or "nothing: no step was logged"
+    return f"{done}; the requeue lost {lost}"
 
 
 def checkpoint_step(run: RunFolder) -> int | None:
@@ -151,3 +185,26 @@ def redone(step: int | None, checkpoint: int | None) -> str | None:
         return "nothing: the newest step is checkpointed"
     lost = step - checkpoint
     return f"{lost} step(s), {checkpoint + 1}-{step}, since the checkpoint at step {checkpoint}"
+
+
+# what `deepdive status` prints of the agent's statistics, in this order: (key, label, format)
+AGENT_SHOWN = (
+    ("tool_calls/search", "search", "{:.2f}"),
+    ("tool_calls/click", "click", "{:.2f}"),
+    ("tool_calls/open", "open", "{:.2f}"),
+    ("turns", "turns", "{:.1f}"),
+    ("finish_rate", "finished", "{:.0%}"),
+    ("malformed_rate", "malformed", "{:.0%}"),
+    ("truncated_rate", "truncated", "{:.0%}"),
+    ("aborted_rate", "aborted", "{:.0%}"),
+    ("leakage_blocks", "leaks blocked", "{:.2f}"),
+    ("response_tokens", "tokens", "{:.0f}"),
+)
+
+
+def agent_line(agent: dict[str, float]) -> str | None:
+    """The agent's statistics on one line (per episode, the rates as shares), or None."""
+    parts = [
+        f"{label} {shape.format(agent[key])}" for key, label, shape in AGENT_SHOWN if key in agent
+    ]
+    return ", ".join(parts) if parts else None

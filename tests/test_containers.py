@@ -188,6 +188,7 @@ FAKE_APPTAINER = """#!/bin/sh
   test -f containers/build/project/pyproject.toml && echo "project: yes"
   test -f containers/build/train.args && sed 's/^/args: /' containers/build/train.args
 } > "$APPTAINER_RECORD"
+exit "${FAKE_APPTAINER_EXIT:-0}"
 """
 
 
@@ -234,21 +235,38 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
         f"argv: build --build-arg-file {build}/train.args deepdive-train.sif containers/train.def"
     )
     assert "project: yes" in lines
-    assert f"args: TRAIN_BASE={pins()['TRAIN_BASE_TAG']}@{digest}" in lines
+    name, tag = pins()["TRAIN_BASE_TAG"].rsplit(":", 1)
+    assert f"args: TRAIN_BASE={name}@{digest}" in lines and "/" not in tag  # no TAG@DIGEST
+    assert f"args: TRAIN_BASE_TAG={name}:{tag}" in lines  # kept, as a label
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert f"args: VERSION={version}" in lines  # the label submit compares
     record.unlink()
-    old = subprocess.run(
-        ["make", "-C", str(checkout), "image"],
+    notest = subprocess.run(
+        ["make", "-C", str(checkout), "image", "NOTEST=1"],
         capture_output=True, text=True, timeout=120,
-        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path),
-             "APPTAINER_RECORD": str(record), "FAKE_APPTAINER_VERSION": "1.3.6"},
+        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "APPTAINER_RECORD": str(record)},
     )  # fmt: skip
-    # Apptainer up to 1.3 refuses a reference with both a tag and a digest: said before building
-    assert old.returncode != 0 and "apptainer version 1.3.6: the training image's base" in (
-        old.stderr
+    # a build host without a GPU driver: %test is left to `apptainer test --nv` on a GPU node
+    assert notest.returncode == 0, notest.stderr
+    assert record.read_text().splitlines()[0] == (
+        f"argv: build --notest --build-arg-file {build}/train.args deepdive-train.sif "
+        "containers/train.def"
     )
-    assert not record.exists()  # nothing was built
+    for version, builds in (("1.3.6", True), ("1.2.0", True), ("1.1.9", False)):
+        record.unlink(missing_ok=True)
+        other = subprocess.run(
+            ["make", "-C", str(checkout), "image"],
+            capture_output=True, text=True, timeout=120,
+            env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path),
+                 "APPTAINER_RECORD": str(record), "FAKE_APPTAINER_VERSION": version},
+        )  # fmt: skip
+        # NAME@DIGEST builds with 1.2 and 1.3 (which refuse TAG@DIGEST); before 1.2 the def's
+        # {{ }} arguments do not exist: said before building
+        assert (other.returncode == 0) == builds == record.exists(), (version, other.stderr)
+        if not builds:
+            assert f"apptainer version {version}: the training image's build needs" in (
+                other.stderr
+            )
 
 
 # The training image (containers/train.def) as far as a CPU host can check it: it is slime's own
@@ -257,7 +275,8 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
 # slime's real training path with everything slime's docker/Dockerfile adds (at 624b824: Transformer
 # Engine line 60, apex's CUDA extensions line 66, torch_memory_saver line 77, requirements.txt
 # line 105, numpy 1.x line 109, the router build line 111, the Megatron patches lines 118-133,
-# the SGLang patches lines 137-150), checks slime's patches are applied, and fails on `pip check`.
+# the SGLang patches lines 137-150), checks the base's patches are applied and are the pin's,
+# and fails on a `pip check` conflict the bare base did not have.
 # The image itself is built where a registry is reachable (`make image`).
 
 TRAIN = CONTAINERS / "train.def"
@@ -364,15 +383,27 @@ def test_the_test_section_imports_slimes_training_path_and_our_hooks() -> None:
     assert '"slime" in sglang_router.__version__' in body  # slime's own check, Dockerfile l.112
 
 
-def test_pip_check_and_every_step_of_the_test_section_are_fatal() -> None:
+def test_the_build_checks_conflicts_against_the_bases_own_and_every_step_is_fatal() -> None:
+    """%post records the bare base's pip check first; %test fails on what is new (a plain
+    `pip check` fails on slime's own image: its Dockerfile leaves conflicts)."""
+    post = [line.strip() for line in sections(TRAIN)["post"].splitlines() if line.strip()]
+    post = [line for line in post if not line.startswith("#")]
+    assert post[0] == "set -eu"
+    assert post[1] == (
+        "python3 /opt/deepdive-slurm/containers/train_checks.py baseline"
+        " /opt/deepdive-slurm/base-pip-check.txt"
+    )  # before anything is installed
     _, shell = heredoc_python(percent_test())
     commands = [line.strip() for line in shell.splitlines() if line.strip()]
     commands = [line for line in commands if not line.startswith("#")]
     assert commands[0] == "set -eu"
-    assert "pip check" in commands
-    for line in commands:
-        if "pip check" in line:
-            assert line == "pip check", f"pip check must stand alone: {line!r}"
+    assert "pip check" not in commands
+    for check in (
+        '$checks sglang /sgl-workspace/sglang "{{ SGLANG_VERSION }}"',
+        "$checks uvicorn /opt/deepdive-slurm",
+        "$checks conflicts /opt/deepdive-slurm/base-pip-check.txt",
+    ):
+        assert check in commands, check  # alone on its line: its failure stops the build
     assert "|| echo" not in shell and "|| true" not in shell
 
 
@@ -396,7 +427,11 @@ def test_the_test_section_checks_slimes_patches_in_dockerfile_order() -> None:
         "/sgl-workspace/sglang": list(SGLANG_PATCHES),
         "/opt/Megatron-LM": list(MEGATRON_PATCHES),
     }
-    assert "patches=/opt/slime/docker/patch/latest" in percent_test()  # the pinned commit's patches
+    # the patches the base's own build applied (kept by %post before the pin is checked out)
+    assert "patches=/opt/deepdive-slurm/base-patches" in percent_test()
+    post = sections(TRAIN)["post"]
+    keep = post.index("cp -r /opt/slime/docker/patch/latest /opt/deepdive-slurm/base-patches")
+    assert keep < post.index("git -C /opt/slime checkout --quiet {{ SLIME_COMMIT }}")
 
 
 def applied_function() -> str:
@@ -483,3 +518,203 @@ def test_the_launchers_defaults_and_the_recipes_name_the_images_paths() -> None:
         if slime == "slime" or "slime_root" in table:
             assert table.get("slime_root", default.slime_root) == "/opt/slime", config.name
             assert table.get("python_path", default.python_path) == in_image, config.name
+
+
+# The image's build decisions (containers/train_checks.py, run by train.def) against fake bases:
+# an environment holding the distributions slime's image has, shaped as the issue found them.
+CHECKS = CONTAINERS / "train_checks.py"
+
+
+def dist(site: Path, name: str, version: str, *requires: str, editable: Path | None = None) -> None:
+    """A distribution's metadata as pip installs it (no code: the checks read metadata)."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    (info / "METADATA").write_text(
+        "\n".join(lines + [f"Requires-Dist: {r}" for r in requires]) + "\n"
+    )
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "RECORD").write_text("")
+    if editable is not None:
+        url = {"url": f"file://{editable}", "dir_info": {"editable": True}}
+        (info / "direct_url.json").write_text(json.dumps(url))
+
+
+@pytest.fixture
+def fake_base(tmp_path: Path) -> tuple[Path, Path]:
+    """(python, site-packages) of slime's image in miniature: SGLang a dev build installed
+    editable from its tree, SGLang's own uvicorn, and a conflict slime's Dockerfile leaves
+    (numpy downgraded under a package that wants 2.x)."""
+    base = tmp_path / "base"
+    subprocess.run(
+        [sys.base_prefix + "/bin/python3.11", "-m", "venv", "--without-pip", base], check=True
+    )
+    site = base / "lib" / "python3.11" / "site-packages"
+    tree = tmp_path / "sgl-workspace" / "sglang"
+    (tree / "python").mkdir(parents=True)
+    dist(site, "sglang", "0.0.0.dev1+g06ffdbe22", "uvicorn", editable=tree / "python")
+    dist(site, "uvicorn", "0.30.6")
+    dist(site, "numpy", "1.26.4")
+    dist(site, "opencv-python-headless", "4.12.0.88", "numpy>=2")
+    return base / "bin" / "python", site
+
+
+def train_checks(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHECKS), "--python", str(python), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_only_the_conflicts_this_build_adds_fail_it(
+    fake_base: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, site = fake_base
+    recorded = tmp_path / "base-pip-check.txt"
+    assert train_checks(python, "baseline", str(recorded)).returncode == 0
+    assert "opencv-python-headless 4.12.0.88 has requirement numpy>=2" in recorded.read_text()
+    same = train_checks(python, "conflicts", str(recorded))
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "the base's own" in same.stdout
+    dist(site, "deepdive-slurm", "0.1.0", "uvicorn>=0.54,<0.55")  # ours, against SGLang's uvicorn
+    added = train_checks(python, "conflicts", str(recorded))
+    assert added.returncode != 0
+    assert (
+        "deepdive-slurm 0.1.0 has requirement uvicorn<0.55,>=0.54, but you have uvicorn 0.30.6"
+        in added.stderr
+    )
+
+
+def test_the_services_never_run_on_a_uvicorn_minor_they_were_not_written_for(
+    fake_base: tuple[Path, Path],
+) -> None:
+    python, site = fake_base
+    theirs = train_checks(python, "uvicorn", str(ROOT))
+    assert theirs.returncode != 0 and "uvicorn 0.30.6 is installed" in theirs.stderr
+    shutil.rmtree(site / "uvicorn-0.30.6.dist-info")  # what install_from_lock.py does: the lock's
+    locked = re.search(r"^uvicorn==(\S+)", (ROOT / "requirements.lock").read_text(), re.MULTILINE)
+    assert locked is not None
+    dist(site, "uvicorn", locked.group(1))
+    ours = train_checks(python, "uvicorn", str(ROOT))
+    assert ours.returncode == 0, ours.stderr
+
+
+def test_install_from_lock_keeps_the_bases_packages_but_replaces_its_uvicorn(
+    fake_base: tuple[Path, Path],
+) -> None:
+    """Run with the fake base's own interpreter (as %post runs it with the image's): numpy stays
+    at the base's 1.26.4 (slime's Dockerfile pins it for Megatron), SGLang's uvicorn is replaced
+    by the lock's, what the base lacks comes from the lock with its hashes."""
+    python, _ = fake_base
+    result = subprocess.run(
+        [str(python), str(CONTAINERS / "install_from_lock.py"), "--dry-run",
+         str(ROOT / "requirements.lock")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lock = (ROOT / "requirements.lock").read_text()
+    pinned = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", lock, re.MULTILINE))
+    out = result.stdout
+    assert f"kept numpy 1.26.4 (the lock has {pinned['numpy']})" in out
+    assert f"replacing uvicorn 0.30.6 with the lock's {pinned['uvicorn']}" in out
+    wanted = out.split("would install:\n", 1)[1]
+    assert re.search(rf"^uvicorn=={re.escape(pinned['uvicorn'])}\b", wanted, re.MULTILINE)
+    assert re.search(r"^submitit==", wanted, re.MULTILINE) and "--hash=sha256:" in wanted
+    assert not re.search(r"^numpy==", wanted, re.MULTILINE)
+
+
+def test_sglang_is_checked_by_its_tree_not_its_version_string(
+    fake_base: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, site = fake_base
+    tree = tmp_path / "sgl-workspace" / "sglang"
+    pinned = pins()["SGLANG_VERSION"]
+    dev = train_checks(python, "sglang", str(tree), pinned)  # slime's dev images: 0.0.0.dev1+g…
+    assert dev.returncode == 0, dev.stderr
+    assert "0.0.0.dev1+g06ffdbe22 from the patched tree" in dev.stdout
+    shutil.rmtree(site / "sglang-0.0.0.dev1+g06ffdbe22.dist-info")
+    dist(site, "sglang", "0.5.14", editable=tree / "python")
+    other = train_checks(python, "sglang", str(tree), pinned)
+    assert other.returncode != 0 and f"containers/pins.env says {pinned}" in other.stderr
+    shutil.rmtree(site / "sglang-0.5.14.dist-info")
+    dist(site, "sglang", pinned)  # a wheel in site-packages: not the patched tree
+    elsewhere = train_checks(python, "sglang", str(tree), pinned)
+    assert elsewhere.returncode != 0 and "not from the patched tree" in elsewhere.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_gpu_smoke_runs_the_images_own_test_with_the_driver_first(tmp_path: Path) -> None:
+    """`make gpu-smoke IMAGE=…` on a GPU node: `apptainer test --nv IMAGE` (the %test a
+    `make image NOTEST=1` build left out), then the kit; a failed %test stops it there."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "apptainer").write_text(FAKE_APPTAINER)
+    (tools / "apptainer").chmod(0o755)
+    record = tmp_path / "apptainer.txt"
+
+    def smoke(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", "-s", "-C", str(ROOT), "gpu-smoke", "IMAGE=/images/train.sif",
+             "SMOKE_PYTHON=echo kit"],
+            capture_output=True, text=True, timeout=60,
+            env={"PATH": f"{tools}:/usr/bin:/bin", "APPTAINER_RECORD": str(record), **env},
+        )  # fmt: skip
+
+    passed = smoke()
+    assert passed.returncode == 0, passed.stderr
+    assert record.read_text().splitlines()[0] == "argv: test --nv /images/train.sif"
+    assert passed.stdout.strip() == "kit -m slurm.cli smoke"
+    failed = smoke(FAKE_APPTAINER_EXIT="1")
+    assert failed.returncode != 0 and "kit" not in failed.stdout
+
+
+def patch_checks(root: Path) -> str:
+    """%test's patch checks (from `applied` to the comparison with the pin's patches), on a
+    fake base under ROOT: its /opt and /sgl-workspace moved there."""
+    shell = percent_test()
+    start = shell.index("applied() {")
+    end = shell.index("fi\n", shell.index('diff -r "$patches"')) + 3
+    fragment = substituted(shell[start:end])
+    return fragment.replace("/opt/", f"{root}/opt/").replace(
+        "/sgl-workspace/", f"{root}/sgl-workspace/"
+    )
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the check runs git apply")
+def test_the_patch_checks_on_a_fake_base(tmp_path: Path) -> None:
+    """A base built from another slime commit (a nightly from a branch): its own patches
+    applied pass; the pin's patches differing fails, naming the base's commit; a base
+    patch not applied fails."""
+    root = tmp_path / "root"
+    tree = root / "sgl-workspace" / "sglang"
+    tree.mkdir(parents=True)
+    (tree / "server.py").write_text("top_p = 1.0\n")
+    (root / "opt" / "Megatron-LM").mkdir(parents=True)
+    base = root / "opt" / "deepdive-slurm" / "base-patches"
+    pinned = root / "opt" / "slime" / "docker" / "patch" / "latest"
+    base.mkdir(parents=True)
+    pinned.mkdir(parents=True)
+    (root / "opt" / "deepdive-slurm" / "base-slime-commit.txt").write_text("06ffdbe22\n")
+    patch = (
+        "diff --git a/server.py b/server.py\n--- a/server.py\n+++ b/server.py\n"
+        "@@ -1 +1 @@\n-top_p = 1.0\n+top_p = 0.9\n"
+    )
+    (base / "sglang.patch").write_text(patch)
+    (pinned / "sglang.patch").write_text(patch)
+    subprocess.run(["git", "apply", str(base / "sglang.patch")], cwd=tree, check=True)
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["sh", "-eu"], input=patch_checks(root), capture_output=True, text=True, timeout=60
+        )
+
+    same = check()
+    assert same.returncode == 0, same.stderr
+    (pinned / "sglang.patch").write_text(patch.replace("0.9", "0.95"))
+    other = check()
+    assert other.returncode == 1
+    assert "built with slime 06ffdbe22's patches, which differ from" in other.stderr
+    (pinned / "sglang.patch").write_text(patch)
+    subprocess.run(["git", "apply", "-R", str(base / "sglang.patch")], cwd=tree, check=True)
+    missing = check()
+    assert missing.returncode == 1 and "sglang.patch is not applied" in missing.stderr

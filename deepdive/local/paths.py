@@ -25,6 +25,8 @@ RESUMABLE_KEYS = {
     "rollout.retries",
     "rollout.max_aborted_share",
     "rollout.max_tool_error_share",
+    "rollout.trajectory_groups",
+    "rollout.trajectory_max_mb",
 }
 RESUMABLE_SECTIONS = {"eval"}
 
@@ -60,6 +62,11 @@ class RunPaths:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def trajectories(self) -> Path:
+        """Each step's recorded episodes (deepdive.trajectory_recorder)."""
+        return self.root / "trajectories"
 
     @property
     def plot(self) -> Path:

@@ -43,3 +43,13 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+    run = (summary.get("paths") or {}).get("run")
+    if run:  # the viewer is the launcher's (slurm/trajectories.py): named here, not imported
+        console.print(f"episodes on the terminal: deepdive trajectories {run} --last")
+        console.print(f"the report: {report_command(run)}", soft_wrap=True)
+
+
+def report_command(run: str) -> str:
+    """The command that writes a run's report (its episodes and agent statistics) and opens it."""
+    page = f"{run}/report.html"
+    return f"deepdive trajectories {run} --html {page} && xdg-open {page}"

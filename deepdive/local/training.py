@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from deepdive.aborts import check_aborted_share
+from deepdive.agent_stats import LOCAL_PREFIX, agent_statistics
 from deepdive.local.checkpoint import restore_rng, rng_state, save_checkpoint
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import (
@@ -24,7 +25,9 @@ from deepdive.local.run_log import RunLog, plot_rewards
 from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
 from deepdive.local.warm_start_stage import run_warm_start
 from deepdive.sample import status_name
+from deepdive.save_timing import SaveTimer, WarningFlag
 from deepdive.tool_errors import check_tool_error_share, tool_error_metrics
+from deepdive.trajectory_recorder import flush_recorders, record_step
 from services.base.files import atomic_path
 
 # a step with more episodes ABORTED than rollout.max_aborted_share stops the run
@@ -52,6 +55,10 @@ def train(
     The first evaluation is this world's held-out questions, on the services GRPO uses."""
     config, paths = run.config, run.paths
     grpo = config.grpo
+    # Slurm's warning (preemption or time limit): save at the next step's end, not only every
+    # checkpoint.every steps, and say how long saves take (deepdive/save_timing.py)
+    warning = WarningFlag().install()
+    timer = SaveTimer.from_environment()
     sampler = PromptSampler(len(train_rows), config.run.seed)
     summary: dict[str, Any] = {}
     if resumed is None:
@@ -65,7 +72,7 @@ def train(
     if resumed is None:
         # Saved before its evaluation: a requeue during a long evaluation (or a slow node's)
         # resumes after the warm start instead of doing it again, every attempt alike.
-        save(run, 0, trainer, sampler, None, summary.get("warm_start"))
+        save(run, 0, trainer, sampler, None, summary.get("warm_start"), timer)
     else:
         start_step, state = resumed
         trainer.load_state_dict(state["trainer"])
@@ -78,8 +85,8 @@ def train(
     if before is None:  # a fresh run, or one resumed from the warm start's checkpoint
         before = {}
         if config.eval.before:
-            before = evaluate(run, rollouts, evaluations, "after the warm start")
-        save(run, start_step, trainer, sampler, before, summary.get("warm_start"))
+            before = evaluate(run, rollouts, evaluations, "after the warm start", start_step)
+        save(run, start_step, trainer, sampler, before, summary.get("warm_start"), timer)
     log = RunLog(paths.logs, resume_after_step=start_step if resumed else None)
     totals = {"rollout_s": 0.0, "update_s": 0.0, "sync_s": 0.0}
     with run.progress() as progress:
@@ -97,9 +104,12 @@ def train(
                     f"turns {metrics['turns_mean']:.1f} rollout {metrics['rollout_s']:.1f}s "
                     f"update {metrics['update_s']:.1f}s"
                 )
-            if step % config.checkpoint.every == 0 or step == grpo.steps:
-                save(run, step, trainer, sampler, before, summary.get("warm_start"))
-    after = evaluate(run, rollouts, evaluations, "after GRPO")
+            if warning.warned:
+                run.say(f"step {step}: saving now, the job was warned (preemption or time limit)")
+            if step % config.checkpoint.every == 0 or step == grpo.steps or warning.warned:
+                save(run, step, trainer, sampler, before, summary.get("warm_start"), timer)
+    after = evaluate(run, rollouts, evaluations, "after GRPO", grpo.steps)
+    flush_recorders()  # every step's episodes on disk before the run's report
     rows = log.rows()
     log.close()
     with atomic_path(paths.final_model) as partial:
@@ -161,6 +171,16 @@ def grpo_step(
         sampling_params(config, config.rollout.temperature),
         f"{config.run.seed}:{step}",
     )
+    agent = agent_statistics(samples)
+    # recorded before the checks, as the slime hook does: a step that stops the run keeps them
+    record_step(
+        run.paths.trajectories,
+        step,
+        samples,
+        groups=config.rollout.trajectory_groups,
+        max_bytes=int(config.rollout.trajectory_max_mb * 2**20),
+        stats=agent,
+    )
     check_aborted_share(samples, config.rollout.max_aborted_share, step, hints=LOCAL_HINTS)
     tools = check_tool_error_share(
         samples, config.rollout.max_tool_error_share, step, hints=LOCAL_TOOL_HINTS
@@ -193,6 +213,7 @@ def grpo_step(
         **rollout_metrics(samples, grpo.samples_per_prompt),
         **per_node,
         **tool_error_metrics(tools, prefix=""),
+        **{LOCAL_PREFIX + key: value for key, value in agent.items()},
         **dict(update),
         "rollout_s": rollout_s,
         "update_s": update_s,
@@ -207,8 +228,11 @@ def save(
     sampler: PromptSampler,
     eval_before: dict[str, float] | None,
     warm_start_summary: dict[str, Any] | None,
+    timer: SaveTimer,
 ) -> None:
-    """`eval_before` None: the evaluation after the warm start is still to come."""
+    """`eval_before` None: the evaluation after the warm start is still to come. The save's
+    time goes to the timer's record (what node 0 weighs against the warning's time)."""
+    started = time.monotonic()
     state = {
         "trainer": trainer.state_dict(),
         "sampler": sampler.state(),
@@ -218,3 +242,4 @@ def save(
         "config": run.config_dict,
     }
     save_checkpoint(run.paths.checkpoints, step, state, run.config.checkpoint.keep)
+    timer.saved(step, time.monotonic() - started)

@@ -12,6 +12,7 @@ by itself (deepdive.local.paths.resume_point).
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ class LocalBackend:
         return None
 
     def describe(self, attempt: AttemptFolder) -> str:
-        return " ".join(self.command(attempt))
+        return shlex.join(self.command(attempt))
 
     def checkpoint_step(self) -> int | None:
         from deepdive.local.checkpoint import newest_step

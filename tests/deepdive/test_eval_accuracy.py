@@ -128,6 +128,6 @@ def test_the_local_runs_evaluation_is_over_the_answered_episodes(
         args = rollout_args(settings, tokenizer)
         rollouts = InProcessRollouts(engine=None, args={WORLD: args})
         held_out = Evaluation("held-out", WORLD, [row])
-        values = evaluate(run, rollouts, [held_out], "after GRPO")
+        values = evaluate(run, rollouts, [held_out], "after GRPO", 1)
     assert values == {"held-out": 1.0}
     assert "1 of 3 ABORTED, not counted" in output.getvalue()

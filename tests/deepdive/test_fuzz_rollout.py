@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deepdive.clients import close_clients
-from deepdive.protocol import FINISH, format_tool_call
+from deepdive.protocol import FINISH, find_tool_calls, format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
@@ -64,6 +64,34 @@ async def test_an_odd_number_in_a_call_is_an_observation_not_a_crash(tools: str)
         failed, _ = await episode([SUPERSCRIPT_CLICK], tools, reward)
         assert failed.status is SampleStatus.FAILED
     await close_clients()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("number", ["1e30", "123456789012345678901234567890", "1e19", "1e9"])
+async def test_a_huge_number_in_a_call_is_an_invalid_argument_not_a_crash(
+    tools: str, number: str
+) -> None:
+    # {"link_id": 1e30} became a 100-bit int that orjson could not encode for the tool
+    # server: TypeError out of the rollout.
+    call = f'<tool_call>{{"name": "click", "arguments": {{"link_id": {number}}}}}</tool_call>'
+    with serve_in_thread(reward_app()) as reward:
+        sample, _ = await episode(
+            [format_tool_call("search", {"query": "orrery"}), call, CORRECT],
+            tools,
+            reward,
+            on_malformed="continue",
+        )
+    assert sample.status is SampleStatus.COMPLETED
+    assert '"link_id" must be' in sample.response
+    await close_clients()
+
+
+@given(number=st.integers(min_value=2**31) | st.floats(min_value=2**31, allow_infinity=False))
+def test_no_number_parses_past_the_bound(number: float) -> None:
+    text = '<tool_call>{"name": "click", "arguments": {"link_id": ' + f"{number}}}}}</tool_call>"
+    for found in find_tool_calls(text):
+        assert found.call is None and found.error is not None
+        assert found.error.code in ("invalid_arguments", "invalid_json")
 
 
 @pytest.mark.anyio

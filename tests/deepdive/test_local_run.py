@@ -116,6 +116,40 @@ def service_urls(out: Path) -> list[str]:
     return urls
 
 
+def recorded(out: Path) -> None:
+    """Every step's episodes (2 prompts x 4 samples: the default 4 groups take them all) and
+    every evaluation episode, in files the format's reader reads; the agent statistics per
+    step in the metrics (TensorBoard's too) and in stats.jsonl."""
+    from deepdive.trajectory_format import read_episodes, step_files
+
+    folder = out / "trajectories"
+    steps = step_files(folder)
+    assert [step for step, _ in steps] == [1, 2, 3, 4]
+    for step, path in steps:
+        episodes = list(read_episodes(path))
+        assert len(episodes) == 8 and {e.step for e in episodes} == {step}
+        assert {(e.group, e.sample) for e in episodes} == {(g, i) for g in (0, 1) for i in range(4)}
+        assert all(e.question and e.turns and e.label for e in episodes)
+        assert sum(len(e.turns) for e in episodes) == sum(
+            1 for e in episodes for t in e.turns if t.text
+        )
+    evals = {step: list(read_episodes(path)) for step, path in step_files(folder / "eval")}
+    assert sorted(evals) == [0, 4]
+    for episodes in evals.values():
+        assert sorted(e.eval_set or "" for e in episodes) == ["held-out"] * 2 + ["unseen"] * 2
+    stats = [orjson.loads(line) for line in (folder / "stats.jsonl").read_bytes().splitlines()]
+    assert [(row["step"], row["evaluation"]) for row in stats] == [
+        (0, True),
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, False),
+        (4, True),
+    ]
+    for row in rows(out).values():
+        assert 0.0 <= row["agent/finish_rate"] <= 1.0 and row["agent/turns"] >= 1
+
+
 @pytest.mark.slow
 def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None:
     straight = deepdive_run(write_config(tmp_path, "straight"))
@@ -138,6 +172,7 @@ def test_kill_and_resume_reaches_the_uninterrupted_state(tmp_path: Path) -> None
     assert not titles(out / "world") & titles(out / "unseen_world")
     assert "unseen reward after GRPO" in stderr
     assert list((out / "logs" / "tensorboard").glob("events.out.tfevents.*"))
+    recorded(out)
 
     config = write_config(tmp_path, "killed")
     killed_out = tmp_path / "killed"

@@ -274,7 +274,7 @@ async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
     samples, args = await rollout_of(services, refused=1, answered=3)
     with caplog.at_level(logging.WARNING, logger="deepdive.aborts"):
         logged = slime_log_rollout_data(3, args, samples, {"rollout/dynamic_filter/drop_x": 2})
-    aborts = {k: v for k, v in logged.items() if "/tool_" not in k}
+    aborts = {k: v for k, v in logged.items() if "/tool_" not in k and "/agent/" not in k}
     assert aborts == {
         "rollout/dynamic_filter/drop_x": 2,  # slime's own, kept
         "rollout/deepdive/aborted": 1,
@@ -285,7 +285,7 @@ async def test_each_rollouts_aborted_episodes_are_counted_in_its_metrics(
     assert record.getMessage().startswith("rollout_aborted rollout=3 ")
     assert "aborted=1 samples=4 share=0.25 error=" in record.getMessage()
     clean = slime_log_rollout_data(4, args, samples[1:], {})
-    assert {k: v for k, v in clean.items() if "/tool_" not in k} == {
+    assert {k: v for k, v in clean.items() if "/tool_" not in k and "/agent/" not in k} == {
         "rollout/deepdive/aborted": 0,
         "rollout/deepdive/aborted_ratio": 0.0,
     }

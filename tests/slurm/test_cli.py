@@ -60,6 +60,7 @@ def modules_loaded(*args: str) -> list[str]:
         (["--help"], 150, ("deepdive", "slurm.command", "slurm.config")),
         (["status", "--help"], 250, ()),
         (["logs", "--help"], 250, ()),
+        (["trajectories", "--help"], 250, ()),
     ],
 )
 def test_a_commands_help_loads_only_that_command(

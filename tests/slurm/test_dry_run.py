@@ -150,7 +150,10 @@ def test_the_recipe_dry_runs_before_anything_is_downloaded_or_built(tmp_path: Pa
         env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
     )  # fmt: skip
     assert dry.returncode == 2, dry.stderr
-    assert "#SBATCH --nodes=2" in dry.stdout and "/opt/slime/train.py" in dry.stdout
+    assert (
+        "#SBATCH --nodes=2" in dry.stdout
+        and "cd /opt/slime && python3 -m slurm.backends.slime.driver" in dry.stdout
+    )
     for flag in ("--attention-dropout 0.0", "--sglang-context-length", "--recompute-granularity"):
         assert flag in dry.stdout, flag
     # relative paths are taken from where you submit (the trainer runs in slime's folder)

@@ -4,9 +4,13 @@ not the checkpoint, as training's max_aborted_share says for a rollout (deepdive
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import orjson
+
 from deepdive.sample import LocalSample, SampleStatus
+from deepdive.trajectory_format import read_episodes
 from slurm.eval_report import episode_row, summarize
 from slurm.evaluate import too_many_aborted
 
@@ -48,3 +52,15 @@ def test_aborted_episodes_up_to_the_limit_pass() -> None:
     assert too_many_aborted("ckpt", played(completed=2, aborted=2), limit=0.5) is None
     assert too_many_aborted("ckpt", played(completed=0, aborted=4), limit=1.0) is None
     assert too_many_aborted("ckpt", [], limit=0.0) is None
+
+
+def test_the_rows_are_the_records_training_keeps(tmp_path: Path) -> None:
+    """results.jsonl reads with the trajectories' reader (deepdive.trajectory_format)."""
+    rows = rows_of(played(completed=1, aborted=1))
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+    episodes = list(read_episodes(path))
+    assert [e.status for e in episodes] == ["completed", "aborted"]
+    assert [e.checkpoint for e in episodes] == ["ckpt", "ckpt"]
+    assert episodes[1].error == REFUSED and episodes[0].question == "q?"
+    assert all(e.evaluation and e.prompt_id == "q" for e in episodes)

@@ -4,6 +4,7 @@ on this host, started by scripts/local-slurm.sh): real Ray, real services, real 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -284,6 +285,40 @@ def test_a_preempted_job_resumes_and_ends_as_an_uninterrupted_one(
         assert torch.allclose(a[name], b[name], atol=1e-5), name
     for row_a, row_b in zip(metrics(preempted), metrics(steady), strict=True):
         assert row_a["reward_mean"] == row_b["reward_mean"]
+
+
+def test_a_warned_job_saves_at_the_next_step_and_resumes_there(
+    job_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A job warned after step 3 with no periodic checkpoint due (local.checkpoint.every is
+    past the end): node 0 forwards the warning to the trainer, which saves at the next step's
+    end; the requeue waits for that save and the next attempt resumes there, not at step 0
+    (slurm/preemption.py). `deepdive status` says what the warning saved and what was lost."""
+    steps = 40
+    run = tmp_path / "warned"
+    job = submit(tiny_job(run, steps, "local.checkpoint.every=1000"), job_env)
+    logged = run / "logs" / "metrics.jsonl"
+    wait_until(
+        lambda: ended(run) or (logged.is_file() and len(metrics(run)) >= 3),
+        JOB_TIMEOUT_S,
+        "step 3",
+    )
+    assert not failures(run), failures(run)
+    subprocess.run(["scancel", f"--signal={int(signal.SIGURG)}", job], env=job_env, check=True)
+    wait_until(lambda: ended(run), JOB_TIMEOUT_S, "the job to end")
+    assert not failures(run), failures(run)
+    assert (run / "finished.json").is_file()
+    one, two = attempts(run)
+    resumed = re.search(r"resumed from \S+ at step (\d+)", (two / "node-0.log").read_text())
+    assert resumed, (two / "node-0.log").read_text()
+    assert int(resumed.group(1)) > 3  # not step 0, the only checkpoint before the warning
+    warning = note(one / "end.json")["warning"]
+    assert warning["save"] == "saved", warning
+    assert warning["saved_step"] > 3  # the step after the warning, not a periodic one
+    assert int(resumed.group(1)) >= warning["saved_step"]
+    assert [row["step"] for row in metrics(run)] == list(range(1, steps + 1))
+    status = deepdive("status", str(run), env=job_env)
+    assert f"attempt {one.name}: saved step {warning['saved_step']}" in status.stdout, status
 
 
 def test_a_node_that_cannot_start_its_services_fails_the_job_fast(

@@ -15,6 +15,7 @@ import orjson
 import pytest
 import tomli_w
 
+from deepdive.trajectory_format import read_episodes
 from services.base.errors import ConfigError
 from slurm.backends.slime.conversion import ConversionFailed, run_to_folder
 from tests.helpers import DEEPDIVE, TINY_JOB
@@ -166,6 +167,10 @@ def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -
             "trajectory",
         }
         assert row["reward"] in (0.0, 1.0) and row["trajectory"]
+    # the records training keeps (deepdive.trajectory_format): the viewer reads both
+    episodes = list(read_episodes(out / "results.jsonl"))
+    assert len(episodes) == len(rows) and all(e.evaluation and e.checkpoint for e in episodes)
+    assert all(e.turns and e.question for e in episodes)
     summary = json.loads((out / "summary.json").read_text())
     for name in ("step-000002", "latest (final_model)"):
         entry = summary[name]
@@ -174,6 +179,27 @@ def test_eval_compares_two_checkpoints_of_a_real_run_end_to_end(trained: Path) -
         assert sum(entry["statuses"].values()) == 2 * questions
     assert "step-000002" in result.stdout and "latest (final_model)" in result.stdout  # the table
     assert "pass@2" in result.stdout
+    # the viewer reads what this eval wrote: the episodes of one checkpoint, turn by turn
+    assert f"deepdive trajectories {out}" in result.stdout
+    viewer = deepdive("trajectories", str(out), "--where", "checkpoint=step-000002", "--limit", "1")
+    assert viewer.returncode == 0, viewer.stderr[-2000:]
+    assert "turn 1" in viewer.stdout and f"1 of {2 * questions} matching" in viewer.stdout
+    page = deepdive("trajectories", str(out), "--html", str(out / "episodes.html"))
+    assert page.returncode == 0, page.stderr[-2000:]
+    assert (out / "episodes.html").read_text().count('<details class="episode"') == len(rows)
+
+
+@pytest.mark.slow
+def test_the_viewer_reads_the_episodes_and_statistics_a_local_run_recorded(trained: Path) -> None:
+    run = trained / "run"
+    newest = deepdive("trajectories", str(run), "--last", "--limit", "2")
+    assert newest.returncode == 0, newest.stderr[-2000:]
+    assert "step 4" in newest.stdout and "turn 1" in newest.stdout
+    page = deepdive("trajectories", str(run), "--html", str(trained / "report.html"))
+    assert page.returncode == 0, page.stderr[-2000:]
+    text = (trained / "report.html").read_text()
+    assert "training: agent statistics over every episode" in text  # stats.jsonl
+    assert "training: the recorded episodes" in text and 'data-step="4"' in text
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def test_the_recipe_passes_every_check_and_renders_as_recorded(world: dict[str, 
     config = recipe(world)
     check_slime(config)
     command = slime_arguments(config, Path("/run/attempt/deepdive_rollout.yaml"))
-    check("slime_command.txt", placeholders(render(command, "/opt/slime/train.py"), world) + "\n")
+    check("slime_command.txt", placeholders(render(command, "/opt/slime"), world) + "\n")
     # the hooks are ours, the run folder holds the checkpoints, no --group-rm, ever
     arguments = command.arguments()
     assert (
@@ -340,7 +340,8 @@ def test_the_backend_gives_every_node_slimes_environment(world: dict[str, Path])
     assert environment["GLOO_SOCKET_IFNAME"] == environment["NCCL_SOCKET_IFNAME"] == "ib0"
     assert environment["PYTHONPATH"].startswith("/opt/slime:/opt/Megatron-LM")
     command = backend.command(RunFolder(world["root"] / "run").attempt("7-0"))
-    assert command[:2] == ["python3", "/opt/slime/train.py"]  # the image's python
+    # the image's python, slime's train.py through our driver (slurm/backends/slime/driver.py)
+    assert command[:3] == ["python3", "-m", "slurm.backends.slime.driver"]
     assert backend.working_directory() == "/opt/slime"
 
 

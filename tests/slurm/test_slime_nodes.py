@@ -112,7 +112,7 @@ def slime_args(world: dict[str, Path], nodes: list[dict[str, Any]], sglang: str)
     write_cluster_note(attempt.cluster, nodes)
     backend.before_training(attempt)
     command = backend.command(attempt)
-    args = Namespace(**replay(command[2:]).namespace)  # [python, train.py, *argv]
+    args = Namespace(**replay(command[3:]).namespace)  # [python, -m, the driver, *argv]
     for key, value in (yaml.safe_load((attempt.root / CUSTOM_CONFIG).read_text()) or {}).items():
         setattr(args, key, value)
     router = urlsplit(sglang)

@@ -67,6 +67,40 @@ def test_status_reads_the_local_backends_events_too(tmp_path: Path) -> None:
     assert (status.step, status.reward) == (2, 0.5)
 
 
+def test_status_shows_the_agents_statistics_of_the_rewards_step(tmp_path: Path) -> None:
+    """slime's, as our rollout log function adds them to its rollout metrics (logged with
+    step "rollout/step", slime/observability/rollout_metrics.py, lines 263-271, at 624b824),
+    and the local backend's (agent/...), each of the newest step only."""
+    run = RunFolder(tmp_path / "run")
+    run.root.mkdir()
+    (run.root / "config.toml").write_text('[run]\nfolder = "x"\n')
+    agent = "rollout/deepdive/agent/"
+    write(
+        run.tensorboard,
+        [
+            ("rollout/raw_reward", 0.25, 3),
+            (agent + "tool_calls/search", 9.0, 3),
+            ("rollout/raw_reward", 0.5, 4),
+            (agent + "tool_calls/search", 2.5, 4),
+            (agent + "finish_rate", 0.75, 4),
+            (agent + "reward_by_searches/4_or_more", 0.125, 4),
+        ],
+        ".rollout",
+    )
+    status = run_status(run)
+    assert status.agent == {
+        "tool_calls/search": 2.5,
+        "finish_rate": 0.75,
+        "reward_by_searches/4_or_more": 0.125,
+    }
+    shown = subprocess.run([*DEEPDIVE, "status", str(run.root)], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "agent     search 2.50, finished 75% (per episode)" in shown.stdout
+    local = RunFolder(tmp_path / "local")
+    write(local.tensorboard, [("reward_mean", 0.5, 1), ("agent/turns", 3.0, 1)], ".local")
+    assert run_status(local).agent == {"turns": 3.0}
+
+
 def test_status_says_what_a_requeue_would_redo(tmp_path: Path) -> None:
     """The newest complete checkpoint (Megatron's tracker, for slime) against the newest step
     logged: the steps a requeue now loses and redoes. 2a5d2bd's status did not say."""

@@ -1,7 +1,9 @@
 """From an experiment to slime's command line: a function of the config (golden-tested,
 printed by --dry-run; with log_probs_chunk_size = -1 it reads the model's config.json too), grouped as slime's own launch scripts group their flags; and, apart
 from it, the --custom-config-path YAML that carries our rollout's keys onto slime's `args`
-(slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`). The
+(slime/utils/arguments.py, lines 2013-2019: every key of that file is set on `args`), with
+where the rollout log functions record episodes (RUN/trajectories, on shared storage:
+slime calls them in its rollout process, on whichever node holds it). The
 argv names only the YAML's path, so it is built without any URL; the YAML needs the cluster's
 services (every node's URLs), known only once every node is ready.
 
@@ -37,6 +39,7 @@ from slurm.backends.slime import DATA_PACKAGE
 from slurm.backends.slime.config import SlimeSection
 from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
+from slurm.run_folder import RunFolder
 
 # what slime's 32B examples pass to keep Adam's states in CPU memory (scripts/run-qwen3-32B.sh;
 # Megatron asserts the precision-aware optimizer with it, megatron/training/arguments.py:1189)
@@ -67,6 +70,10 @@ class SlimeCommand:
 
     def flags(self) -> list[str]:
         return [item for item in self.arguments() if item.startswith("--")]
+
+
+# what node 0 runs in slime's root: train.py's main, with the warning's save (driver.py)
+DRIVER_MODULE = "slurm.backends.slime.driver"
 
 
 def presets() -> dict[str, Any]:
@@ -304,13 +311,18 @@ def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[st
     tool and reward servers at; SGLang is slime's router, the rollout's default."""
     slime = config.slime
     return slime_custom_config(
-        slime.deepdive, slime.rollout.max_context_len, services["tools"], services["reward"]
+        slime.deepdive,
+        slime.rollout.max_context_len,
+        services["tools"],
+        services["reward"],
+        str(RunFolder(Path(config.run.folder)).trajectories),
     )
 
 
-def render(command: SlimeCommand, train_py: str) -> str:
+def render(command: SlimeCommand, slime_root: str) -> str:
     """The command line as slime's own scripts write it: a bash array per group, then
-    train.py with all of them (a shell runs it as it stands)."""
+    train.py (through our driver, slurm/backends/slime/driver.py, in slime's root) with all of
+    them (a shell runs it as it stands)."""
     lines = []
     for name, items in command.groups:
         lines.append(f"{name}=(")
@@ -323,5 +335,6 @@ def render(command: SlimeCommand, train_py: str) -> str:
             line += " " + token
         lines += [line, ")"]
     groups = " ".join(f'"${{{name}[@]}}"' for name, _ in command.groups)
-    lines.append(f"python3 {shlex.quote(train_py)} {groups}")
+    driver = f"python3 -m {DRIVER_MODULE}"
+    lines.append(f"cd {shlex.quote(slime_root)} && {driver} {groups}")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from services.base.errors import ConfigError, RuntimeFailure
 from services.base.files import atomic_write_bytes
 from slurm.backends import EvalEngine, ServiceSpec
 from slurm.backends.slime.args import (
+    DRIVER_MODULE,
     custom_config,
     render,
     slime_arguments,
@@ -173,10 +174,11 @@ class SlimeBackend:
             self.pruner.tend()
 
     def command(self, attempt: AttemptFolder) -> list[str]:
+        """slime's train.py through our driver (in slime's root: the working directory), so
+        the warning saves at the next rollout boundary (slurm/backends/slime/driver.py)."""
         python = self.config.container.python if self.config.container.image else sys.executable
-        train = str(Path(self.config.slime.slime_root) / "train.py")
         arguments = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG).arguments()
-        return [python, train, *arguments]
+        return [python, "-m", DRIVER_MODULE, *arguments]
 
     def working_directory(self) -> str | None:
         return self.config.slime.slime_root
@@ -201,9 +203,8 @@ class SlimeBackend:
             "reward": ",".join(f"http://NODE{node}:REWARD_PORT" for node in nodes),
         }
         command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG)
-        train = str(Path(self.config.slime.slime_root) / "train.py")
         return (
-            f"{render(command, train)}\n\n# {attempt.root / CUSTOM_CONFIG}\n"
+            f"{render(command, self.config.slime.slime_root)}\n\n# {attempt.root / CUSTOM_CONFIG}\n"
             f"{yaml.safe_dump(custom_config(self.config, urls))}"
         )
 

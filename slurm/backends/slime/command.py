@@ -4,6 +4,7 @@ command-line face of its conversion jobs (slurm/backends/slime/conversion.py).""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def run_convert_checkpoint(args: argparse.Namespace) -> None:
     if conversion.output.exists():
         raise ConfigError(f"{conversion.output} exists already: nothing to convert")
     python = config.container.python if config.container.image else sys.executable
-    command = " ".join(conversion.command(python, conversion.output))
+    command = shlex.join(conversion.command(python, conversion.output))
     if args.dry_run:
         print("# the sbatch script (one node, the training image)")
         print(sbatch_script(config, executor_parameters(config)))

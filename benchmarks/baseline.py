@@ -48,3 +48,10 @@ def has_workers_option(tree: Path) -> bool:
     """Whether the tree's tool server takes `--workers` (c98b67c's does not)."""
     command = tree / "services" / "tool_server" / "command.py"
     return command.is_file() and '"--workers"' in command.read_text()
+
+
+def has_config_options(tree: Path) -> bool:
+    """Whether the tree's tool server takes the options generated from its config dataclass
+    (`--serper.base-url`; before: `--serper-url`)."""
+    command = tree / "services" / "tool_server" / "command.py"
+    return command.is_file() and "add_config_options" in command.read_text()

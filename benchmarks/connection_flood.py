@@ -97,7 +97,7 @@ def main() -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(args.tree), "DEEPDIVE_SERVICE_TOKEN": TOKEN}
     command = [sys.executable, "-m", "services", "tools", "--port", str(port), "--workers", "1",
-               "--corpus", str(corpus), "--no-index-cache", "--log-level", "INFO"]  # fmt: skip
+               "--corpus", str(corpus), "--index-cache", "false", "--log-level", "INFO"]  # fmt: skip
     log_path = work / "server.log"
     with log_path.open("wb") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -108,13 +108,13 @@ def node_services(work: Path, number: int) -> Iterator[dict[str, Any]]:
         stack.enter_context(process(fake, f"{upstream}/stats", work / f"upstream-{number}.log"))
         tool_arguments = [
             "tools", "--workers", str(WORKERS), "--host", address,
-            "--search", "serper", "--serper-url", upstream, "--max-concurrency", "1024",
+            "--search", "serper", "--serper.base-url", upstream, "--serper.max-concurrency", "1024",
             "--reader", "offline", "--corpus", str(work / "corpus.jsonl"),
-            "--index-cache", str(work / "idx"), "--log-level", "WARNING",
+            "--index-cache-dir", str(work / "idx"), "--log-level", "WARNING",
         ]  # fmt: skip
         reward_arguments = [
             "reward", "--host", address, "--judge", "openai",
-            "--judge-url", f"{upstream}/v1", "--log-level", "WARNING",
+            "--judge-upstream.base-url", f"{upstream}/v1", "--log-level", "WARNING",
         ]  # fmt: skip
         tools = ServiceProcess("tools", tool_arguments, work / f"tools-{number}.log", 120, keys)
         reward = ServiceProcess(

@@ -85,9 +85,9 @@ def run(seconds: int = 8) -> dict[str, Any]:
                     port,
                     "--judge",
                     "openai",
-                    "--judge-url",
+                    "--judge-upstream.base-url",
                     f"{judge}/v1",
-                    "--judge-concurrency",
+                    "--judge-upstream.max-concurrency",
                     str(bound),
                 )
                 with process(

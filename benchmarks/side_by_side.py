@@ -34,7 +34,13 @@ from typing import Any
 import httpx
 import orjson
 
-from benchmarks.baseline import BASELINE_COMMIT, ROOT, baseline_tree, has_workers_option
+from benchmarks.baseline import (
+    BASELINE_COMMIT,
+    ROOT,
+    baseline_tree,
+    has_config_options,
+    has_workers_option,
+)
 from benchmarks.harness import (
     add_latency_over,
     free_port,
@@ -112,6 +118,7 @@ def tool_servers(work: Path, upstream: str, baseline: str) -> Iterator[dict[str,
                     corpus,
                     work / f"idx-{side}",
                     workers=has_workers_option(tree),
+                    config_options=has_config_options(tree),
                 ),
                 core=0,
             )

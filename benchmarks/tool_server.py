@@ -55,10 +55,24 @@ def write_corpus(path: Path) -> None:
 
 
 def tool_server_command(
-    port: int, upstream: str, corpus: Path, cache_dir: Path, *extra: str, workers: bool = True
+    port: int,
+    upstream: str,
+    corpus: Path,
+    cache_dir: Path,
+    *extra: str,
+    workers: bool = True,
+    config_options: bool = True,
 ) -> list[str]:
-    """The benchmark's tool server; `workers=False` for a tree older than `--workers`."""
+    """The benchmark's tool server; `workers=False` for a tree older than `--workers`,
+    `config_options=False` for one older than the options generated from ToolServerConfig
+    (`--serper.base-url` was `--serper-url`)."""
     one_process = ["--workers", "1"] if workers else []  # its pid's CPU is what is measured
+    if config_options:
+        upstream_options = ["--serper.base-url", upstream, "--serper.max-concurrency", "1024"]
+        cache = ["--index-cache-dir", str(cache_dir)]
+    else:
+        upstream_options = ["--serper-url", upstream, "--max-concurrency", "1024"]
+        cache = ["--index-cache", str(cache_dir)]
     return python_module(
         "slurm.cli",
         "serve",
@@ -67,19 +81,19 @@ def tool_server_command(
         str(port),
         "--search",
         "serper",
-        "--serper-url",
-        upstream,
+        *upstream_options,
         "--reader",
         "offline",
         "--corpus",
         str(corpus),
-        "--index-cache",
-        str(cache_dir),
-        "--max-concurrency",
-        "1024",
+        *cache,
         *one_process,
         *extra,
     )
+
+
+# no caching, no collapsing of identical calls: every call upstream
+NO_CACHE = ("--search-cache.enabled", "false", "--page-cache.enabled", "false")
 
 
 def run_load(
@@ -182,7 +196,7 @@ def run(seconds: int = 8) -> dict[str, Any]:
         )
         cached = pinned(tool_server_command(cached_port, upstream, corpus, work / "idx"), core=0)
         uncached = pinned(
-            tool_server_command(uncached_port, upstream, corpus, work / "idx", "--no-cache"), core=0
+            tool_server_command(uncached_port, upstream, corpus, work / "idx", *NO_CACHE), core=0
         )
         results: dict[str, Any] = {"upstream_latency_ms": UPSTREAM_LATENCY_S * 1000, "runs": []}
         with process(fake, f"{upstream}/stats", work / "fake.log"):

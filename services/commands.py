@@ -1,6 +1,6 @@
 """`python -m services SERVICE`: the services' own command table and entry point (the `deepdive`
-command adds these services under `deepdive serve`), and the reading of a service's options
-for a launcher that checks them before it starts one.
+command adds these services under `deepdive serve`), and each service's config dataclass, for
+a launcher that checks a service's config (a table of its TOML file) before it starts one.
 
 A service process is started by its own package's entry, never through the launcher above it,
 so the bottom layer never names the top one.
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from services.base.cli import Subcommand, add_subcommands, run_handler
 from services.base.errors import ConfigError
+from services.base.typed_config import from_mapping
 
 SERVICES: list[Subcommand] = [
     Subcommand(
@@ -32,29 +33,26 @@ SERVICES: list[Subcommand] = [
 ]
 
 
-class _RefusingParser(argparse.ArgumentParser):
-    """A parser that raises what it would print and exit with."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
-
-
-def service_parser(name: str) -> argparse.ArgumentParser:
-    """The options of `python -m services NAME`, as the service reads them, for reading them
-    elsewhere (a launcher checking a service's options before it starts one): no
-    abbreviations, and an error raised (ConfigError; argparse.ArgumentError naming the option
-    when one value is wrong), never an exit."""
-    parser = _RefusingParser(prog=f"python -m services {name}", allow_abbrev=False)
-    parser.exit_on_error = False
-    _service(name).load(parser)
-    return parser
+# each service's config dataclass, imported when asked for: `python -m services NAME --config
+# FILE` reads a TOML file of it (services.base.config_options)
+CONFIGS = {
+    "tools": "services.tool_server.config:ToolServerConfig",
+    "reward": "services.reward_server.config:RewardServerConfig",
+}
 
 
-def check_service_arguments(name: str, args: argparse.Namespace) -> None:
-    """What the service builds from `args` before it starts (its config), built and thrown
-    away: a ConfigError for what it would refuse."""
-    module = importlib.import_module(_service(name).module)
-    getattr(module, _service(name).checks)(args)
+def service_defaults(name: str) -> object:
+    """The config service `name` runs with when its file sets nothing."""
+    _service(name)
+    module, _, schema = CONFIGS[name].partition(":")
+    return getattr(importlib.import_module(module), schema)()
+
+
+def service_config(name: str, table: Mapping[str, Any], source: str, where: str) -> object:
+    """`table` read as service `name`'s config file would be, on top of its defaults: a
+    ConfigError names `source`, the key under `where` and what was expected."""
+    defaults = service_defaults(name)
+    return from_mapping(type(defaults), dict(table), source, where, defaults)
 
 
 def _service(name: str) -> Subcommand:

@@ -360,9 +360,10 @@ class NodeBootstrap:
         for spec in self.backend.services():
             # a tool server of N workers listens on N ports from its range of the block
             first = ports.service_ports(spec.name, spec.worker_count(self.node.cpus))[0]
+            config = spec.write_config(logs)  # attempts/N/node-K/NAME.toml
             service = ServiceProcess(
                 spec.name,
-                [*spec.command_arguments(self.node.cpus), "--host", host, *drill],
+                [*spec.command_arguments(self.node.cpus, config), "--host", host, *drill],
                 logs / f"{spec.name}.log",
                 ready_timeout_s=self.config.services.ready_timeout_s,
                 environment=environment,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,10 +281,10 @@ def run_eval(args: argparse.Namespace) -> None:
         print(f"{len(rows)} questions x {args.samples} samples from {args.data}, into {out}")
         for checkpoint in checkpoints:
             print(f"  {checkpoint.name}: {checkpoint.path} ({checkpoint.kind}), served by {served}")
-        for spec in backend.services():
-            print(
-                f"  service {spec.name}: python -m services {' '.join(spec.arguments)} --host 127.0.0.1"
-            )
+        for spec in backend.services():  # each config file as it would be written
+            arguments = shlex.join(spec.arguments(Path(f"{spec.name}.toml")))
+            print(f"  service {spec.name}: python -m services {arguments} --host 127.0.0.1")
+            print(textwrap.indent(spec.config_text() or "# the defaults\n", "    "), end="")
         return
     console = Console()
     evaluate(config, checkpoints, rows, args.samples, args.temperature, out, console)

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from deepdive.local.config import LocalRunConfig, RunSection
+from services.base.errors import ConfigError
 from services.base.typed_config import load_toml, require
+from services.commands import service_config
 from slurm.backends.slime.config import SlimeSection
 from slurm.ports import TOOL_PORTS
-from slurm.service_options import PATHS, OptionValue, check_service_options
 
 Backend = Literal["local", "slime"]
 
@@ -122,6 +123,35 @@ CLEAN_ENVIRONMENT = {"--containall", "-C", "--cleanenv", "-e"}
 # services.host: the node's own cluster address, resolved on each node (slurm/bootstrap.py)
 NODE_ADDRESS = "node"
 
+# [services.tools] / [services.reward]: a table of the service's own config file (its keys the
+# fields of ToolServerConfig / RewardServerConfig, nested tables theirs), which the node writes
+# into the attempt folder and hands the service (`python -m services tools --config FILE`)
+ServiceTable = dict[str, Any]
+# what the launcher gives every service itself, and where it comes from
+SET_BY_THE_LAUNCHER = {
+    "host": "services.host",
+    "port": "the node's port plan",
+    "workers": "services.tool_workers",
+    "log_level": "services.log_level",
+    "env_file": "services.env_file",
+}
+# keys that name a file the job reads: slurm.preflight lists it when it is missing
+INPUT_FILES = ("corpus",)
+# keys that are paths: taken from where you submit, as the experiment's other paths
+PATHS = ("corpus", "index_cache_dir")
+
+
+def check_service_table(service: str, table: ServiceTable) -> None:
+    """`[services.SERVICE]` read as the service reads its config file, the files it names
+    left to slurm.preflight: a ConfigError naming `services.SERVICE.KEY`."""
+    where = f"services.{service}"
+    for key, value in table.items():
+        if key in SET_BY_THE_LAUNCHER:
+            raise ConfigError(f"{where}.{key}: set by the launcher ({SET_BY_THE_LAUNCHER[key]})")
+        if key in INPUT_FILES:  # whether it exists is slurm.preflight's
+            require(isinstance(value, str), f"{where}.{key}", "a path (a string)", value)
+    service_config(service, {k: v for k, v in table.items() if k not in INPUT_FILES}, "", where)
+
 
 @dataclass(frozen=True)
 class ServicesTable:
@@ -129,9 +159,9 @@ class ServicesTable:
     address (the one Ray uses), never every interface; any address but loopback needs
     DEEPDIVE_SERVICE_TOKEN (environment or env file); 127.0.0.1 when the services answer their
     own node's rollout worker only (the local backend). env_file: KEY=VALUE secrets
-    (SERPER_API_KEY, ...), mode 0600, read on the node. tools, reward: each service's options
-    ([services.tools], [services.reward]), checked as the service reads them when the file
-    loads.
+    (SERPER_API_KEY, ...), mode 0600, read on the node. tools, reward: each service's config
+    ([services.tools], [services.reward]: ServiceTable), checked as the service reads its
+    config file when the experiment loads.
     tool_workers: the tool server's worker processes on each node, each on its own port of the
     node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers)."""
 
@@ -140,12 +170,11 @@ class ServicesTable:
     ready_timeout_s: float = 120.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     tool_workers: int = 0
-    # the slime backend's servers, each a table of its options (slurm/service_options.py;
-    # the local backend serves its own world): e.g. [services.tools] search = "serper",
-    # reader = "jina"; an empty table runs the service's defaults (offline search and reader,
-    # the rule judge)
-    tools: dict[str, OptionValue] = field(default_factory=dict)
-    reward: dict[str, OptionValue] = field(default_factory=dict)
+    # the slime backend's servers, each a table of its config file (the local backend serves
+    # its own world): e.g. [services.tools] search = "serper", reader = "jina"; an empty
+    # table runs the service's defaults (offline search and reader, the rule judge)
+    tools: ServiceTable = field(default_factory=dict)
+    reward: ServiceTable = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(self.ready_timeout_s > 0, "services.ready_timeout_s", "> 0", self.ready_timeout_s)
@@ -155,8 +184,8 @@ class ServicesTable:
             f"0 (one per CPU of the task) to {TOOL_PORTS} (the ports a node keeps for them)",
             self.tool_workers,
         )
-        check_service_options("tools", self.tools)
-        check_service_options("reward", self.reward)
+        check_service_table("tools", self.tools)
+        check_service_table("reward", self.reward)
 
 
 @dataclass(frozen=True)

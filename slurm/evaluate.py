@@ -105,7 +105,8 @@ def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, str]]:
             stack.callback(os.environ.pop, TOKEN_ENV, None)
         urls = {}
         for spec in build_backend(config).services():
-            arguments = [*spec.command_arguments(cores=None), "--host", "127.0.0.1"]
+            config_file = spec.write_config(logs)
+            arguments = [*spec.command_arguments(None, config_file), "--host", "127.0.0.1"]
             process = ServiceProcess(
                 spec.name, arguments, logs / f"{spec.name}.log", environment=secrets
             )

@@ -12,9 +12,8 @@ from pathlib import Path
 from services.base.errors import ConfigError
 from services.base.secrets import TOKEN_ENV, env_file_keys
 from slurm.backends import build_backend
-from slurm.config import ExperimentConfig
+from slurm.config import INPUT_FILES, ExperimentConfig
 from slurm.image_mounts import describe, invisible
-from slurm.service_options import INPUT_FILES
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

@@ -13,9 +13,10 @@ from services.base.errors import ConfigError
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    from services.serving.serve import add_server_arguments
+    from services.serving.serve import add_connection_options, add_server_arguments
 
     add_server_arguments(parser, 30000)
+    add_connection_options(parser)
     parser.add_argument(
         "--model",
         type=Path,
@@ -37,6 +38,7 @@ def run_engine(args: argparse.Namespace) -> None:
     from services.metrics import ServiceMetrics
     from services.serving.serve import announcer, bind, connection_limits, prepare, serve
 
+    limits = connection_limits(args)  # a bad limit fails before anything loads
     token = prepare(args)
     if not (args.model / "config.json").is_file():
         raise ConfigError(
@@ -59,7 +61,7 @@ def run_engine(args: argparse.Namespace) -> None:
         sock,
         log_level=args.log_level,
         on_listening=announcer(f"local engine ({args.model})", token, examples),
-        limits=connection_limits(args),
+        limits=limits,
         metrics=metrics,
     )
 

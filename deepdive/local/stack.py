@@ -9,27 +9,31 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from services.base.config_options import config_text
+from services.base.files import atomic_write_bytes
 from services.base.process import ServiceProcess
 from services.serving.serve import bind, start_server_thread
 
 
-def offline_tools_arguments(world: Path) -> list[str]:
-    """`python -m services` arguments of the tool server over one world's pages (offline
-    search and reader; the index is built at start, the world is small)."""
-    return ["tools", "--search", "offline", "--reader", "offline", "--no-index-cache",
-            "--corpus", str(world / "corpus.jsonl")]  # fmt: skip
+def offline_tools_config(world: Path) -> dict[str, Any]:
+    """The tool server's config (a table of ToolServerConfig) over one world's pages: the
+    offline search and reader (the defaults), the index built at start (the world is small)."""
+    return {"corpus": str(world / "corpus.jsonl"), "index_cache": False}
 
 
 def tool_server(world: Path, log: Path) -> ServiceProcess:
     """The tool server over one world's pages, as one process: on one machine the trainer and
-    the engine need the cores, and a small world's searches cost little."""
-    arguments = [*offline_tools_arguments(world), "--workers", "1", "--log-level", "WARNING"]
+    the engine need the cores, and a small world's searches cost little. Its config file
+    goes beside its log."""
+    config = log.with_suffix(".toml")
+    atomic_write_bytes(config, config_text(offline_tools_config(world)).encode())
+    arguments = ["tools", "--config", str(config), "--workers", "1", "--log-level", "WARNING"]
     return ServiceProcess("tool", arguments, log)
 
 
 def reward_server(log: Path) -> ServiceProcess:
-    """The reward server with the rule judge (no key, no network)."""
-    return ServiceProcess("reward", ["reward", "--judge", "rule", "--log-level", "WARNING"], log)
+    """The reward server with the rule judge (its default: no key, no network)."""
+    return ServiceProcess("reward", ["reward", "--log-level", "WARNING"], log)
 
 
 @contextmanager

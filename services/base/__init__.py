@@ -1,6 +1,6 @@
 """The base library of deepdive-slurm: what every package builds on, servers or not.
 
-The one error tree (errors.py), typed TOML config (typed_config.py), key=value logs with
+The one error tree (errors.py), typed TOML config (typed_config.py) and a service's config file and options (config_options.py), key=value logs with
 secrets redacted (logs.py), atomic files (files.py), the injectable clock (clock.py) and
 waiting with backoff (waiting.py), secrets read from files (secrets.py), services as child
 processes (process.py), the command-line kit (cli.py), and what a word is (text.py).

@@ -32,9 +32,6 @@ class Subcommand:
     module: str
     options: str = "add_arguments"
     handler: str = "run"
-    # what the handler builds from the parsed options before anything starts (its config):
-    # a ConfigError for what it would refuse (services.commands.check_service_arguments)
-    checks: str = "check_arguments"
 
     def load(self, parser: argparse.ArgumentParser) -> None:
         module = importlib.import_module(self.module)

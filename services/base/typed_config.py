@@ -2,13 +2,18 @@
 what was expected and what was found; shared by every command that takes a config file.
 
 A dataclass field whose type is another dataclass is a TOML table. Unknown keys are errors
-(a typo must not silently fall back to a default), as are wrong types; an int is accepted
-where a float is expected, a bool never counts as a number.
+(a typo must not silently fall back to a default; the closest field names are suggested), as
+are wrong types; an int is accepted where a float is expected, a bool never counts as a number;
+a string is a `Path` where the field is one, a list a tuple where the field is one.
+
+`base`: the values a table is read on top of (a service's defaults, whose nested tables have
+required fields of their own), instead of the dataclass's class defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import tomllib
 import types
@@ -77,15 +82,22 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     target[name] = value
 
 
-def from_mapping(schema: type[T], data: Any, source: str, table: str) -> T:
+def from_mapping(schema: type[T], data: Any, source: str, table: str, base: T | None = None) -> T:
+    """`data` (a TOML table) as `schema`: on top of `base` where given, else of the class
+    defaults; a ConfigError names `source`, the key and what was expected."""
     where = f"[{table}]" if table else "the top level"
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: {where}: expected a table, got {_kind(data)}")
+        raise ConfigError(_at(source, f"{where}: expected a table, got {_kind(data)}"))
     fields = {field.name: field for field in dataclasses.fields(schema)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], list(fields), n=3)
+        hint = f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
         raise ConfigError(
-            f"{source}: {where}: unknown key {unknown[0]!r} (expected one of: {', '.join(fields)})"
+            _at(
+                source,
+                f"{where}: unknown key {unknown[0]!r} (expected one of: {', '.join(fields)}){hint}",
+            )
         )
     hints = get_type_hints(schema)
     values: dict[str, Any] = {}
@@ -93,24 +105,56 @@ def from_mapping(schema: type[T], data: Any, source: str, table: str) -> T:
         key = f"{table}.{name}" if table else name
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = from_mapping(typing.cast(type, hint), value, source, key)
+            inner = getattr(base, name) if base is not None else None
+            values[name] = from_mapping(typing.cast(type, hint), value, source, key, inner)
         else:
             values[name] = _check(hint, value, source, key)
     try:
+        if base is not None:
+            return dataclasses.replace(base, **values)  # type: ignore[type-var]
         return schema(**values)
     except ConfigError as error:  # a dataclass's own cross-field checks
-        raise ConfigError(f"{source}: {error.message}") from None
+        message = error.message
+        if base is not None and table:  # a service's dataclass names its own fields only
+            message = f"{table}.{message}"
+        raise ConfigError(_at(source, message)) from None
 
 
 def _check(hint: Any, value: Any, source: str, key: str) -> Any:
     expected = describe(hint)
     if _matches(hint, value):
-        return float(value) if hint is float else value
-    raise ConfigError(f"{source}: {key}: expected {expected}, got {_kind(value)} {value!r}")
+        return _converted(hint, value)
+    raise ConfigError(_at(source, f"{key}: expected {expected}, got {_kind(value)} {value!r}"))
+
+
+def _at(source: str, message: str) -> str:
+    """`message` prefixed with where it comes from ("": a table inside a file read already)."""
+    return f"{source}: {message}" if source else message
+
+
+def _converted(hint: Any, value: Any) -> Any:
+    """A matching TOML value as the field holds it: a float, a Path, a tuple."""
+    origin = get_origin(hint)
+    if origin in (typing.Union, types.UnionType):  # a number stays as written, as it always has
+        chosen = next(arg for arg in get_args(hint) if _matches(arg, value))
+        return value if chosen is float else _converted(chosen, value)
+    if hint is float:
+        return float(value)
+    if hint is Path:
+        return Path(value)
+    if origin is tuple:
+        return tuple(_converted(get_args(hint)[0], item) for item in value)
+    if origin is list:
+        return [_converted(get_args(hint)[0], item) for item in value]
+    return value
 
 
 def _matches(hint: Any, value: Any) -> bool:
     origin = get_origin(hint)
+    if hint is Any:
+        return True
+    if hint is Path:
+        return isinstance(value, str)
     if origin is Literal:
         return value in get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -142,7 +186,14 @@ def describe(hint: Any) -> str:
         return f"a list of {describe(get_args(hint)[0])}"
     if origin is dict:
         return f"a table of key = value ({describe(get_args(hint)[1])} each)"
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    names = {
+        Any: "any value",
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        str: "a string",
+        Path: "a path (a string)",
+    }
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 

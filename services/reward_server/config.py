@@ -10,6 +10,7 @@ from services.base.typed_config import positive
 from services.cache import CacheSettings
 from services.http import UpstreamSettings
 from services.reward_server import openai_judge
+from services.serving.connections import ConnectionLimits
 
 JudgeBackend = Literal["rule", "openai"]
 JUDGE_BACKENDS: tuple[str, ...] = get_args(JudgeBackend)
@@ -24,6 +25,10 @@ class RewardServerConfig:
     deadline_s        total time for one judgement, retries included
     max_body_bytes    larger request bodies are refused with 413
     max_batch         the most items one POST /evaluate/batch may carry
+    connections       slow clients and open connections (services.serving.connections)
+
+    `python -m services reward --config FILE` reads it from a TOML file whose keys are these
+    fields (services.base.config_options).
     """
 
     judge: JudgeBackend = "rule"
@@ -43,6 +48,7 @@ class RewardServerConfig:
     deadline_s: float = 120.0
     max_body_bytes: int = 16_000_000
     max_batch: int = 1024
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:
         if self.judge not in JUDGE_BACKENDS:

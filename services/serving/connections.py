@@ -87,11 +87,6 @@ class ConnectionLimits:
         return given if given is not None else max(1, self.max_connections // 2)
 
 
-def _option(name: str) -> str:
-    """The field's name as the command line spells it, so the message fits either origin."""
-    return f"{name} (--{name.replace('_', '-')})"
-
-
 def _check_seconds(name: str, value: object) -> None:
     ok = (
         not isinstance(value, bool)
@@ -99,12 +94,12 @@ def _check_seconds(name: str, value: object) -> None:
         and math.isfinite(value)
         and value > 0
     )
-    require(ok, _option(name), "a positive number of seconds", value)
+    require(ok, name, "a positive number of seconds", value)
 
 
 def _check_count(name: str, value: object) -> None:
     ok = not isinstance(value, bool) and isinstance(value, int) and value > 0
-    require(ok, _option(name), "a positive whole number", value)
+    require(ok, name, "a positive whole number", value)
 
 
 Schedule = Callable[[float, Callable[[], None]], object]
@@ -244,5 +239,5 @@ def ensure_fd_limit(max_connections: int) -> None:
             logging.WARNING,
             limit=target,
             max_connections=max_connections,
-            hint="raise `ulimit -n` or lower --max-connections",
+            hint="raise `ulimit -n` or lower connections.max_connections",
         )

@@ -19,6 +19,7 @@ from typing import Protocol
 import uvicorn
 from starlette.types import ASGIApp
 
+from services.base.config_options import add_field_options, config_from_options
 from services.base.errors import ConfigError
 from services.base.logs import configure_logging
 from services.base.secrets import TOKEN_ENV, apply_env_file, read_secret
@@ -51,52 +52,21 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
-    defaults = ConnectionLimits()
-    parser.add_argument(
-        "--header-timeout",
-        type=float,
-        default=defaults.header_timeout,
-        metavar="SECONDS",
-        help="close a connection whose request line and headers take longer (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--body-timeout",
-        type=float,
-        default=defaults.body_timeout,
-        metavar="SECONDS",
-        help="close a connection whose request body takes longer after the headers "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-connections",
-        type=int,
-        default=defaults.max_connections,
-        metavar="N",
-        help="connections open at once; more are closed unread (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-connections-per-client",
-        type=int,
-        default=defaults.max_connections_per_client,
-        metavar="N",
-        help="connections one client address may hold; more are closed unread "
-        "(default: half of --max-connections)",
-    )
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """`--header-timeout`, `--max-connections`, ...: ConnectionLimits' fields as options, for
+    a server without a config file of its own (the local engine)."""
+    add_field_options(parser, ConnectionLimits())
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
-    """The limits given by `add_server_arguments`' options (ConfigError names a bad one)."""
-    return ConnectionLimits(
-        header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout,
-        max_connections=args.max_connections,
-        max_connections_per_client=args.max_connections_per_client,
-    )
+    """The limits `add_connection_options`' options give (ConfigError names a bad one)."""
+    return config_from_options(args, ConnectionLimits())
 
 
 def prepare(args: argparse.Namespace) -> str | None:
-    """Logging, env file, the service token, the exposure and limits checks; returns the token."""
-    connection_limits(args)  # a bad limit fails first, before logging, binding or loading
+    """Logging, env file, the service token, the exposure check; returns the token."""
     configure_logging(args.log_level)
     if args.env_file:
         apply_env_file(args.env_file)

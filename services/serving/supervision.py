@@ -41,7 +41,7 @@ class SupervisionPolicy:
             value = getattr(self, name)
             ok = isinstance(value, int) and not isinstance(value, bool)
             least = 0 if name == "max_restarts" else 1
-            require(ok and value >= least, _key(name), f"a whole number >= {least}", value)
+            require(ok and value >= least, name, f"a whole number >= {least}", value)
         for name in (
             "window_s",
             "first_backoff_s",
@@ -50,20 +50,7 @@ class SupervisionPolicy:
             "ping_timeout_s",
             "start_timeout_s",
         ):
-            positive(_key(name), getattr(self, name))
-
-
-_OPTIONS = {
-    "max_restarts": "--worker-restarts-per-minute",
-    "ping_interval_s": "--worker-ping-interval",
-    "ping_timeout_s": "--worker-ping-timeout",
-    "missed_pings": "--worker-missed-pings",
-}
-
-
-def _key(name: str) -> str:
-    """A field as an error names it: with the option that sets it, where one does."""
-    return f"{name} ({_OPTIONS[name]})" if name in _OPTIONS else name
+            positive(name, getattr(self, name))
 
 
 class RestartBudget:

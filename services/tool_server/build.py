@@ -25,7 +25,7 @@ def load_index(config: ToolServerConfig, show_progress: bool = False) -> CorpusI
     if "offline" not in (config.search, config.reader):
         return None
     documents = load_corpus(config.corpus)
-    index = CorpusIndex.open(documents, config.index_cache_dir, show_progress=show_progress)
+    index = CorpusIndex.open(documents, config.index_folder, show_progress=show_progress)
     log_event(logger, "corpus_loaded", documents=len(documents), source=config.corpus or "wiki")
     return index
 

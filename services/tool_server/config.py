@@ -12,6 +12,8 @@ from services.base.errors import ConfigError
 from services.base.typed_config import positive
 from services.cache import CacheSettings
 from services.http import UpstreamSettings
+from services.serving.connections import ConnectionLimits
+from services.serving.supervision import SupervisionPolicy
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.corpus import default_index_cache
 from services.tool_server.leakage import DEFAULT_NGRAM
@@ -25,12 +27,15 @@ READER_BACKENDS: tuple[str, ...] = get_args(ReaderBackend)
 
 @dataclass(frozen=True)
 class ToolServerConfig:
-    """Everything the tool server needs except secrets (those come from the environment only).
+    """Everything the tool server needs except secrets (those come from the environment only):
+    `python -m services tools --config FILE` reads it from a TOML file whose keys are these
+    fields (services.base.config_options).
 
     search / reader       which providers answer search and open/click
     corpus                JSONL {url, title, text} for the offline providers; None = the
                           default Wikipedia corpus of the `corpus` extra
-    index_cache_dir       where BM25 indexes are cached (None: build in memory every start)
+    index_cache           whether BM25 indexes are cached (false: built in memory every start)
+    index_cache_dir       where they are cached
     call_deadline_s       total time for one tool call, retries and backoff included
     default_results / max_results   search result counts (`num` is clamped to max_results)
     page_chars            characters per page of `open` output; longer pages are paginated
@@ -42,12 +47,15 @@ class ToolServerConfig:
     allowed_networks      CIDRs the URL guard trusts despite being private (e.g. an intranet mirror)
     leakage_ngram         forbidden texts of at least this many words match by n-gram overlap
     max_body_bytes        larger request bodies are refused with 413
+    connections           slow clients and open connections (services.serving.connections)
+    supervision           the worker processes' restarts and pings (services.serving.supervision)
     """
 
     search: SearchBackend = "offline"
     reader: ReaderBackend = "offline"
     corpus: Path | None = None
-    index_cache_dir: Path | None = field(default_factory=default_index_cache)
+    index_cache: bool = True
+    index_cache_dir: Path = field(default_factory=default_index_cache)
     serper: UpstreamSettings = field(
         default_factory=lambda: UpstreamSettings(
             serper.DEFAULT_URL, max_concurrency=serper.DEFAULT_CONCURRENCY
@@ -88,6 +96,13 @@ class ToolServerConfig:
     allowed_networks: tuple[str, ...] = ()
     leakage_ngram: int = DEFAULT_NGRAM
     max_body_bytes: int = 1_000_000
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    supervision: SupervisionPolicy = field(default_factory=SupervisionPolicy)
+
+    @property
+    def index_folder(self) -> Path | None:
+        """Where the BM25 indexes are cached; None: built in memory."""
+        return self.index_cache_dir if self.index_cache else None
 
     def __post_init__(self) -> None:
         if self.search not in SEARCH_BACKENDS:

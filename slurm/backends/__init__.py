@@ -14,7 +14,7 @@ Nothing outside this package asks which backend it is (tests/test_backend_seam.p
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,14 +30,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    """One service every node runs: its name (also its port's name in the port plan) and its
-    `python -m services` arguments, without host and port. `workers`: None for a service of
-    one process; a tool server's worker processes (`--workers`), 0 for one per core of the
-    node's task (`services.tool_workers`' default)."""
+    """One service every node runs: its name (also its port's name in the port plan, its log's
+    and its config file's), which of `python -m services` it is, and its config file's table
+    (the service's config dataclass as TOML: what differs from its defaults). `workers`: None
+    for a service of one process; a tool server's worker processes (`--workers`), 0 for one
+    per core of the node's task (`services.tool_workers`' default). On the command line only
+    what the launcher decides: the config file, the log level, the workers (and the address)."""
 
     name: str
-    arguments: tuple[str, ...]
+    service: str  # tools | reward
+    config: dict[str, Any] = field(default_factory=dict)
     workers: int | None = None
+    log_level: str = "WARNING"
 
     def worker_count(self, cores: int | None) -> int:
         """Its processes on a node with `cores` CPUs (None: this process's affinity)."""
@@ -47,11 +51,30 @@ class ServiceSpec:
             return 1
         return self.workers or default_workers(cores)
 
-    def command_arguments(self, cores: int | None) -> list[str]:
+    def config_text(self) -> str:
+        """Its config file, as the node writes it (never a key: those stay in the environment)."""
+        from services.base.config_options import config_text
+
+        return config_text(self.config)
+
+    def write_config(self, folder: Path) -> Path:
+        """Its config file in `folder` (a node's folder of the attempt): `NAME.toml`."""
+        from services.base.files import atomic_write_bytes
+
+        path = folder / f"{self.name}.toml"
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, self.config_text().encode())
+        return path
+
+    def arguments(self, config_file: Path) -> list[str]:
+        """Its `python -m services` arguments, but the workers (they depend on the node)."""
+        return [self.service, "--config", str(config_file), "--log-level", self.log_level]
+
+    def command_arguments(self, cores: int | None, config_file: Path) -> list[str]:
         """Its `python -m services` arguments, with `--workers` where it takes one."""
         if self.workers is None:
-            return list(self.arguments)
-        return [*self.arguments, "--workers", str(self.worker_count(cores))]
+            return self.arguments(config_file)
+        return [*self.arguments(config_file), "--workers", str(self.worker_count(cores))]
 
 
 @dataclass(frozen=True)

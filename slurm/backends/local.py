@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deepdive.local.paths import RunPaths, resume_point
-from deepdive.local.stack import offline_tools_arguments
+from deepdive.local.stack import offline_tools_config
 from slurm.backends import EvalEngine, ServiceSpec
 from slurm.config import ExperimentConfig, local_run_config
 from slurm.run_folder import AttemptFolder, RunFolder
@@ -65,15 +65,15 @@ class LocalBackend:
 
     def services(self) -> list[ServiceSpec]:
         services = self.experiment.services
-        level = ("--log-level", services.log_level)
-        tools = offline_tools_arguments(self.paths.world)
+        level = services.log_level
+        tools = offline_tools_config(self.paths.world)
         specs = [
-            ServiceSpec("tools", (*tools, *level), services.tool_workers),
-            ServiceSpec("reward", ("reward", "--judge", "rule", *level)),
+            ServiceSpec("tools", "tools", tools, services.tool_workers, level),
+            ServiceSpec("reward", "reward", {"judge": "rule"}, log_level=level),
         ]
         if self.config.eval.unseen_questions:  # a few held-out questions: one process
-            unseen = offline_tools_arguments(self.paths.unseen_world)
-            specs.append(ServiceSpec("tools-unseen", (*unseen, *level), workers=1))
+            unseen = offline_tools_config(self.paths.unseen_world)
+            specs.append(ServiceSpec("tools-unseen", "tools", unseen, 1, level))
         return specs
 
     def command(self, attempt: AttemptFolder) -> list[str]:

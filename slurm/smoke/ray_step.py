@@ -17,10 +17,9 @@ from typing import Any
 
 from slurm.backends import Backend, EvalEngine, ServiceSpec
 from slurm.bootstrap import NodeBootstrap
-from slurm.config import ExperimentConfig
+from slurm.config import ExperimentConfig, ServiceTable
 from slurm.environment import NodeInfo
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
-from slurm.service_options import OptionValue
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.report import Check, failed, passed
@@ -97,9 +96,7 @@ class ProbeBootstrap(NodeBootstrap):
         self.backend = ProbeBackend(self.backend, probe, world)
 
 
-def step_config(
-    config: ExperimentConfig, folder: Path, tools: dict[str, OptionValue]
-) -> ExperimentConfig:
+def step_config(config: ExperimentConfig, folder: Path, tools: ServiceTable) -> ExperimentConfig:
     """The experiment with its run folder in the kit's folder and `[services.tools]` over the
     kit's world."""
     run = dataclasses.replace(config.run, name=f"{config.run.name}-smoke", folder=str(folder))

@@ -36,10 +36,9 @@ from slurm.backends.slime.config import (
 )
 from slurm.backends.slime.conversion import Conversion, plan, run_to_folder
 from slurm.bootstrap import NodeBootstrap
-from slurm.config import ExperimentConfig
+from slurm.config import ExperimentConfig, ServiceTable
 from slurm.environment import NodeInfo
 from slurm.run_folder import RunFolder, write_json
-from slurm.service_options import OptionValue
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus
@@ -69,7 +68,7 @@ REFERENCE_FLAGS = (
 
 def recipe(
     config: ExperimentConfig, folder: Path, model: str, ref_load: str, prompts: Path,
-    tools: dict[str, OptionValue], gpus: int,
+    tools: ServiceTable, gpus: int,
 ) -> ExperimentConfig:  # fmt: skip
     """The smoke run's experiment: one node, the image's slime paths, the rest fixed."""
     image = config.slime

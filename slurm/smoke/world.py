@@ -9,7 +9,7 @@ from pathlib import Path
 from deepdive.convert import convert
 from deepdive.offline.build import write_world
 from deepdive.offline.world import WorldSizes
-from slurm.service_options import OptionValue
+from slurm.config import ServiceTable
 
 SIZES = WorldSizes(
     people=24,
@@ -35,12 +35,12 @@ class SmokeWorld:
     def prompts(self) -> Path:
         return self.folder / "prompts.jsonl"
 
-    def tools_table(self) -> dict[str, OptionValue]:
+    def tools_table(self) -> ServiceTable:
         """`[services.tools]`: the tool server over this world's pages (offline search)."""
         return {
             "search": "offline",
             "reader": "offline",
-            "no_index_cache": True,
+            "index_cache": False,
             "corpus": str(self.corpus),
         }
 

@@ -13,6 +13,7 @@ import pytest
 
 from deepdive.local.config import LocalRunConfig, load_local_config
 from deepdive.local.rollouts import settings_for
+from deepdive.rollout_settings import RolloutKnobs
 from services.base.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,9 +46,19 @@ def test_the_shipped_config_writes_out_every_field_of_every_table() -> None:
     defaults = LocalRunConfig()
     tables = {table.name: getattr(defaults, table.name) for table in fields(defaults)}
     assert set(written) == set(tables)
+    knobs = {item.name for item in fields(RolloutKnobs)}  # declared once, not restated
     for name, section in tables.items():
         assert is_dataclass(section)
-        assert set(written[name]) == {item.name for item in fields(section)}, name
+        shown = {item.name for item in fields(section)} - (knobs if name == "rollout" else set())
+        assert set(written[name]) == shown, name
+
+
+def test_the_shipped_config_restates_no_rollout_knob() -> None:
+    """The knobs' defaults live in RolloutKnobs alone: a file that restates one keeps a second
+    copy that goes stale when the default moves (configs/deepdive-qwen.toml: tests/slurm)."""
+    written = tomllib.loads(SHIPPED.read_text(encoding="utf-8"))
+    knobs = {item.name for item in fields(RolloutKnobs)}
+    assert not knobs & set(written["rollout"])
 
 
 def test_values_are_read_and_ints_count_as_floats(tmp_path: Path) -> None:
@@ -123,7 +134,8 @@ def test_the_command_fails_fast_with_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"deepdive: error: {path}: [grpo]: unknown key 'clip_lowww' (expected one of: "
         "steps, prompts_per_step, samples_per_prompt, lr, normalize_std, clip_low, clip_high, "
-        "kl_coef, max_grad_norm, weight_decay, per_token_loss, updates_per_step, micro_batch)"
+        "kl_coef, max_grad_norm, weight_decay, per_token_loss, updates_per_step, micro_batch); "
+        "did you mean 'clip_low'?"
     ]
     assert not (tmp_path / "runs").exists()  # nothing started
 

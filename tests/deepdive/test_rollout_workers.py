@@ -37,8 +37,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     corpus.write_bytes(b"\n".join(orjson.dumps(doc) for doc in DOCUMENTS) + b"\n")
     with serve_in_thread(create_upstream_app(0.05)) as upstream:
         arguments = [
-            "tools", "--workers", "2", "--search", "serper", "--serper-url", upstream,
-            "--reader", "offline", "--corpus", str(corpus), "--index-cache", str(folder / "idx"),
+            "tools", "--workers", "2", "--search", "serper", "--serper.base-url", upstream,
+            "--reader", "offline", "--corpus", str(corpus), "--index-cache-dir", str(folder / "idx"),
             "--log-level", "WARNING",
         ]  # fmt: skip
         environment = {"SERPER_API_KEY": "a-test-key-not-a-secret"}

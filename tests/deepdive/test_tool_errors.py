@@ -56,7 +56,7 @@ def failing_tools(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             reader="jina",
             serper=UpstreamSettings(serper, retry=once),
             jina=UpstreamSettings(serper, retry=once),
-            index_cache_dir=None,
+            index_cache=False,
         )
         metrics = ServiceMetrics("tool")
         search, reader = build_providers(config, metrics)

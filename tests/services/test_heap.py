@@ -99,7 +99,7 @@ def test_the_thresholds_are_set_only_for_the_collector_they_were_measured_on(
 def test_a_tool_server_reports_its_settled_heap(
     corpus_file: Path, tmp_path: Path, workers: int
 ) -> None:
-    arguments = ["tools", "--corpus", str(corpus_file), "--no-index-cache"]
+    arguments = ["tools", "--corpus", str(corpus_file), "--index-cache", "false"]
     server = ServiceProcess(
         "tools", [*arguments, "--workers", str(workers)], tmp_path / "tools.log", ready_timeout_s=60
     )

@@ -191,7 +191,7 @@ def serper_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_the_tool_server_gives_each_session_its_own_results(behaviour: Misbehaviour) -> None:
     with hostile_upstream(searched, behaviour, INJECTED_RESULTS) as upstream:
         settings = UpstreamSettings(upstream.url, retry=ONCE, max_concurrency=4)
-        config = ToolServerConfig(search="serper", serper=settings, index_cache_dir=None)
+        config = ToolServerConfig(search="serper", serper=settings, index_cache=False)
         metrics = ServiceMetrics("tool")
         search, reader = build_providers(config, metrics)
         app = create_app(ToolExecutor(config, search, reader, metrics), metrics)

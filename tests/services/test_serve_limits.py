@@ -34,6 +34,7 @@ from starlette.routing import Route
 from services.base.errors import ConfigError
 from services.serving.connections import ConnectionLimits
 from services.serving.serve import (
+    add_connection_options,
     add_server_arguments,
     announcer,
     bind,
@@ -356,14 +357,14 @@ def test_announce_brackets_an_ipv6_host(capsys: pytest.CaptureFixture[str]) -> N
 )
 def test_an_invalid_limit_is_a_config_error_naming_the_field(field: str, value: object) -> None:
     kwargs: dict[str, Any] = {field: value}
-    flag = "--" + field.replace("_", "-")
-    with pytest.raises(ConfigError, match=rf"^{field} \({flag}\): expected a positive"):
+    with pytest.raises(ConfigError, match=rf"^{field}: expected a positive"):
         ConnectionLimits(**kwargs)
 
 
 def test_server_options_become_limits() -> None:
     parser = argparse.ArgumentParser()
     add_server_arguments(parser, 0)
+    add_connection_options(parser)
     assert connection_limits(parser.parse_args([])) == ConnectionLimits()
     args = ["--header-timeout", "2.5", "--body-timeout", "7", "--max-connections", "9"]
     assert connection_limits(parser.parse_args(args)) == ConnectionLimits(2.5, 7.0, 9)
@@ -375,8 +376,8 @@ def test_server_options_become_limits() -> None:
 def test_deepdive_serve_refuses_a_bad_limit_before_starting(
     service: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["serve", service, "--port", "0", "--max-connections", "0"]) == 2
-    assert "max_connections (--max-connections): expected a positive whole number, got 0" in (
+    assert main(["serve", service, "--port", "0", "--connections.max-connections", "0"]) == 2
+    assert "connections.max_connections: expected a positive whole number, got 0" in (
         capsys.readouterr().err
     )
 

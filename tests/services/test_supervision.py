@@ -83,14 +83,14 @@ def test_a_worker_that_said_it_serves_counts_its_misses_from_then_on() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("max_restarts", -1, r"^max_restarts \(--worker-restarts-per-minute\): expected a whole"),
+        ("max_restarts", -1, r"^max_restarts: expected a whole"),
         (
             "missed_pings",
             0,
-            r"^missed_pings \(--worker-missed-pings\): expected a whole number >= 1",
+            r"^missed_pings: expected a whole number >= 1",
         ),
-        ("ping_timeout_s", 0.0, r"^ping_timeout_s \(--worker-ping-timeout\): expected a positive"),
-        ("ping_interval_s", float("nan"), r"^ping_interval_s \(--worker-ping-interval\)"),
+        ("ping_timeout_s", 0.0, r"^ping_timeout_s: expected a positive"),
+        ("ping_interval_s", float("nan"), r"^ping_interval_s: expected a positive"),
         ("window_s", True, r"^window_s: expected a positive"),
     ],
 )

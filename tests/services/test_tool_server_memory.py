@@ -67,13 +67,14 @@ def test_memory_stays_inside_the_cache_budgets(
         "tools",
         "--search=offline",
         "--reader=jina",
-        f"--jina-url={httpserver.url_for('')}",
+        f"--jina.base-url={httpserver.url_for('')}",
         f"--corpus={corpus_file}",
-        "--no-index-cache",
+        "--index-cache",
+        "false",
         f"--max-query-chars={MAX_QUERY_CHARS}",
         f"--max-page-chars={MAX_PAGE_CHARS}",
-        f"--search-cache-mb={SEARCH_CACHE_MB}",
-        f"--page-cache-mb={PAGE_CACHE_MB}",
+        f"--search-cache.max-bytes={SEARCH_CACHE_MB * 2**20}",
+        f"--page-cache.max-bytes={PAGE_CACHE_MB * 2**20}",
         "--log-level=WARNING",
         "--workers=1",  # the bound is per worker process: one, measured by its pid
     ]

@@ -56,7 +56,7 @@ def tool_server(
         serper=upstream,
         serpapi=upstream,
         jina=upstream,
-        index_cache_dir=None,
+        index_cache=False,
         **overrides,
     )
     metrics = ServiceMetrics("tool")

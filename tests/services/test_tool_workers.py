@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def tool_server(corpus: Path, log: Path, *extra: str, port: int = 0) -> ServiceProcess:
-    arguments = ["tools", "--corpus", str(corpus), "--no-index-cache", "--log-level", "INFO"]
+    arguments = ["tools", "--corpus", str(corpus), "--index-cache", "false", "--log-level", "INFO"]
     return ServiceProcess("tools", [*arguments, *extra], log, ready_timeout_s=60, port=port)
 
 
@@ -198,10 +198,10 @@ def test_a_frozen_worker_is_found_by_its_missed_pings_and_replaced(
     corpus_file: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "tools.log"
-    pings = ("--worker-ping-interval", "0.5", "--worker-ping-timeout", "1")
-    with tool_server(corpus_file, log, "--workers", "2", *pings, "--worker-missed-pings", "2") as (
-        server
-    ):
+    pings = ("--supervision.ping-interval-s", "0.5", "--supervision.ping-timeout-s", "1")
+    with tool_server(
+        corpus_file, log, "--workers", "2", *pings, "--supervision.missed-pings", "2"
+    ) as (server):
         assert server.process is not None
         supervisor = server.process.pid
         victim, survivor = worker_pid(log, 0), worker_pid(log, 1)
@@ -223,7 +223,7 @@ def test_restarts_past_the_bound_end_the_whole_server_with_a_non_zero_status(
     corpus_file: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "tools.log"
-    bound = ("--worker-restarts-per-minute", "1")
+    bound = ("--supervision.max-restarts", "1")
     with tool_server(corpus_file, log, "--workers", "2", *bound) as server:
         assert server.process is not None
         supervisor = server.process.pid

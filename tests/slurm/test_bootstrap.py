@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import tomllib
 from pathlib import Path
 
 import orjson
@@ -128,19 +129,25 @@ def test_the_drill_names_a_phase_and_nodes(monkeypatch: pytest.MonkeyPatch) -> N
     assert not drilled("services", 1)
 
 
+FILE = Path("tools.toml")
+
+
 def test_the_tool_server_runs_services_tool_workers_or_one_per_cpu_of_the_task(
     tmp_path: Path,
 ) -> None:
     folder = f'run.folder="{tmp_path}"'
     unseen = "local.eval.unseen_questions=2"
     specs = {s.name: s for s in build_backend(load_experiment(TINY, [folder, unseen])).services()}
-    assert specs["tools"].command_arguments(3)[-2:] == ["--workers", "3"]  # the task's CPUs
-    assert specs["tools"].command_arguments(64)[-2:] == ["--workers", str(MAX_DEFAULT_WORKERS)]
-    assert specs["tools-unseen"].command_arguments(64)[-2:] == ["--workers", "1"]
-    assert "--workers" not in specs["reward"].command_arguments(64)
+    assert specs["tools"].command_arguments(3, FILE)[-2:] == ["--workers", "3"]  # the task's CPUs
+    assert specs["tools"].command_arguments(64, FILE)[-2:] == [
+        "--workers",
+        str(MAX_DEFAULT_WORKERS),
+    ]
+    assert specs["tools-unseen"].command_arguments(64, FILE)[-2:] == ["--workers", "1"]
+    assert "--workers" not in specs["reward"].command_arguments(64, FILE)
     config = load_experiment(TINY, [folder, "services.tool_workers=2", 'run.backend="slime"'])
     (tools,) = [s for s in build_backend(config).services() if s.name == "tools"]
-    assert tools.command_arguments(64)[-2:] == ["--workers", "2"]
+    assert tools.command_arguments(64, FILE)[-2:] == ["--workers", "2"]
 
 
 def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
@@ -148,7 +155,7 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
 ) -> None:
     """What the bootstrap's services phase does, without a cluster: the tool server's workers
     on the first ports of its range, every one ready, and their URLs what the rollout gets."""
-    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", no_index_cache=true}}'
+    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", index_cache=false}}'
     overrides = [
         f'run.folder="{tmp_path / "run"}"',
         'run.backend="slime"',
@@ -169,6 +176,12 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
         sglang_url="http://s:1", tool_server_url=urls["tools"], reward_server_url=urls["reward"]
     )
     assert settings.tool_server_urls == tuple(workers)
+    # each service's config, written into the node's folder of the attempt, handed by --config
+    folder = bootstrap.attempt.node_logs(0)
+    tools_file = folder / "tools.toml"
+    assert tomllib.loads(tools_file.read_text())["corpus"] == str(corpus_file)
+    assert tomllib.loads((folder / "reward.toml").read_text()) == {}  # the defaults
+    assert (folder / "tools.log").is_file()
 
 
 def bootstrap_at(tmp_path: Path, node: int, clock: FakeClock, cpus: int = 2) -> NodeBootstrap:

@@ -114,7 +114,9 @@ def test_a_bad_corpus_line_is_named(tmp_path: Path) -> None:
     corpus.write_text(
         '{"url": "https://a/", "title": "A", "text": "a"}\n{"title": "B", "text": "b"}\n'
     )
-    result = run("serve", "tools", "--corpus", str(corpus), "--no-index-cache", "--port", "0")
+    result = run(
+        "serve", "tools", "--corpus", str(corpus), "--index-cache-dir", "false", "--port", "0"
+    )
     assert result.returncode == 2
     assert f"corpus {corpus}, line 2, field 'url': expected a non-empty string" in result.stderr
     assert "Traceback" not in result.stderr
@@ -169,11 +171,11 @@ def test_serve_tools_end_to_end_keeps_keys_out_of_argv_and_logs(
     args = [
         "--search",
         "serper",
-        "--serper-url",
+        "--serper.base-url",
         httpserver.url_for(""),
         "--corpus",
         str(corpus_file),
-        "--index-cache",
+        "--index-cache-dir",
         str(tmp_path / "idx"),
     ]
     with server_process(args, env) as (process, base):
@@ -201,7 +203,7 @@ def test_serve_reward_help_documents_judges_and_slime_flags() -> None:
         "--judge",
         "rule",
         "openai",
-        "--judge-url",
+        "--judge-upstream.base-url",
         "OPENAI_API_KEY",
         "--reward-key reward",
     ):

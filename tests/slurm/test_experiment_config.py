@@ -3,14 +3,17 @@ naming the key and what it expects (as the CLI prints it: one line, exit code 2)
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import subprocess
+import tomllib
 from argparse import Namespace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from deepdive.rollout_settings import settings_from_args
+from deepdive.rollout_settings import RolloutKnobs, settings_from_args
 from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
 from slurm.preflight import missing_inputs, require_inputs
@@ -49,36 +52,72 @@ def test_both_backends_take_the_rollouts_knobs_with_one_set_of_defaults() -> Non
     assert {key: getattr(read, key) for key in slime} == slime
 
 
-def test_each_service_runs_with_the_arguments_its_table_gives(tmp_path: Path) -> None:
-    """[services.tools] and [services.reward] become the services' own command lines on the
-    node (the slime backend's), which their own parsers read as the table said."""
-    from services.commands import service_parser
+def test_each_service_runs_with_the_config_its_table_gives(tmp_path: Path) -> None:
+    """[services.tools] and [services.reward] become the services' own config files on the
+    node (the slime backend's), which their own commands read as the table said."""
+    from services.reward_server import command as reward_command
+    from services.tool_server import command as tool_command
     from slurm.backends import build_backend
 
     text = (  # `backend` goes into the [run] table `write` opens
         'backend = "slime"\n[services.tools]\nsearch = "serper"\nreader = "jina"\n'
-        'block_domain = ["a.org", "b.org"]\nno_cache = true\ndeadline = 30\n'
+        'blocked_domains = ["a.org", "b.org"]\ncall_deadline_s = 30\n'
+        "[services.tools.search_cache]\nenabled = false\n"
         '[services.reward]\njudge = "openai"\njudge_model = "gpt-4o-mini"\n'
     )
     config = load_experiment(write(tmp_path, text))
     specs = {spec.name: spec for spec in build_backend(config).services()}
-    tools = specs["tools"].arguments
-    assert tools[:11] == (
-        "tools", "--search", "serper", "--reader", "jina", "--block-domain", "a.org",
-        "--block-domain", "b.org", "--no-cache", "--deadline",
-    )  # fmt: skip
-    parsed = service_parser("tools").parse_args(list(tools[1:]))
-    assert (parsed.search, parsed.reader, parsed.block_domain) == (
+
+    def parsed(name: str, module: Any) -> Any:
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        file = specs[name].write_config(tmp_path / "node-0")
+        arguments = specs[name].command_arguments(2, file)
+        assert arguments[:3] == [name, "--config", str(file)]
+        return module.config_from_args(parser.parse_args(arguments[1:]))
+
+    tools = parsed("tools", tool_command)
+    assert (tools.search, tools.reader, tools.blocked_domains) == (
         "serper",
         "jina",
-        ["a.org", "b.org"],
+        ("a.org", "b.org"),
     )
-    assert (parsed.no_cache, parsed.deadline) == (True, 30.0)
-    reward = service_parser("reward").parse_args(list(specs["reward"].arguments[1:]))
+    assert (tools.search_cache.enabled, tools.call_deadline_s) == (False, 30.0)
+    assert tools.page_cache.enabled  # what the table does not say is the default
+    reward = parsed("reward", reward_command)
     assert (reward.judge, reward.judge_model) == ("openai", "gpt-4o-mini")
     # a path is taken from where you submit, as the experiment's others
     here = load_experiment(write(tmp_path, '[services.tools]\ncorpus = "pages.jsonl"\n'))
     assert here.services.tools["corpus"] == str(Path.cwd() / "pages.jsonl")
+
+
+def test_the_slime_recipe_restates_no_default_of_the_knobs_or_the_services() -> None:
+    """configs/deepdive-qwen.toml sets a rollout knob or a service's key only to change it: the
+    defaults live once, in RolloutKnobs, ServicesTable and the services' config dataclasses."""
+    from services.commands import service_defaults
+    from slurm.config import ServicesTable
+
+    recipe = ROOT / "configs" / "deepdive-qwen.toml"
+    written = tomllib.loads(recipe.read_text(encoding="utf-8"))
+    services = written.get("services", {})
+    restated = [
+        f"slime.deepdive.{key}"
+        for key, value in written["slime"].get("deepdive", {}).items()
+        if getattr(RolloutKnobs(), key) == value
+    ]
+    restated += [
+        f"services.{key}"
+        for key, value in services.items()
+        if not isinstance(value, dict) and getattr(ServicesTable(), key) == value
+    ]
+    for name in ("tools", "reward"):
+        defaults = service_defaults(name)
+        restated += [
+            f"services.{name}.{key}"
+            for key, value in services.get(name, {}).items()
+            if not isinstance(value, dict) and getattr(defaults, key) == value
+        ]
+    assert not restated
 
 
 def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
@@ -125,21 +164,37 @@ def test_overrides_reach_nested_tables(tmp_path: Path) -> None:
         ("[slime.deepdive]\nretries = -1\n", "slime.deepdive.retries: expected a whole number"),
         ("[local.rollout]\nreward_timeout_s = 0\n", "rollout.reward_timeout_s: expected a pos"),
         ("[local.rollout]\nmax_aborted_share = 2\n", "rollout.max_aborted_share: expected a"),
-        # each service's options: read by the service's own parser and config at load
-        ('[services.tools]\nsearch = "serpr"\n', "services.tools.search: invalid choice: 'serpr'"),
+        # each service's config: read as the service reads its config file, at load
+        (
+            '[services.tools]\nsearch = "serpr"\n',
+            "services.tools.search: expected one of 'offline', 'serper', 'serpapi', got a string",
+        ),
         (
             '[services.tools]\nsearhc = "serper"\n',
-            "services.tools.searhc: not an option of `python -m services tools` (did you mean "
-            "search?)",
+            "[services.tools]: unknown key 'searhc' (expected one of: search, reader, ",
         ),
         (
-            "[services.tools]\ndeadline = -1\n",
-            "services.tools.deadline: call_deadline_s: expected a positive number",
+            "[services.tools]\ncall_deadline_s = -1\n",
+            "services.tools.call_deadline_s: expected a positive number",
+        ),
+        (
+            "[services.tools.connections]\nmax_connections = 0\n",
+            "services.tools.connections.max_connections: expected a positive whole number",
+        ),
+        (
+            "[services.tools.serper]\nmax_concurrency = 0\n",
+            "services.tools.serper.max_concurrency: expected a positive number",
         ),
         ("[services.tools]\nport = 8700\n", "services.tools.port: set by the launcher (the n"),
-        ('[services.tools]\nno_cache = "yes"\n', "services.tools.no_cache: a switch: true or"),
-        ('[services.tools]\ngl = ["us", "de"]\n', "services.tools.gl: takes one value, not a"),
-        ('[services.reward]\njudge = "gpt"\n', "services.reward.judge: invalid choice: 'gpt'"),
+        (
+            '[services.tools.search_cache]\nenabled = "yes"\n',
+            "services.tools.search_cache.enabled: expected true or false, got a string 'yes'",
+        ),
+        ('[services.tools]\ngl = ["us", "de"]\n', "services.tools.gl: expected a string, got a"),
+        (
+            '[services.reward]\njudge = "gpt"\n',
+            "services.reward.judge: expected one of 'rule', 'openai', got a string 'gpt'",
+        ),
         ('[services]\ntools = ["--serch", "serper"]\n', "services.tools: expected a table"),
         ("[run]\n", "Cannot declare"),  # a table written twice is not TOML
         (  # no SLURM_* inside the image: submitit cannot run (seen on the 2-host cluster)

@@ -218,7 +218,9 @@ def test_eval_dry_run_names_each_checkpoint_how_it_is_served_and_the_services(
         in result.stdout
     )
     assert "step-000002" in result.stdout and "(step)" in result.stdout
-    assert f"--corpus {run / 'world' / 'corpus.jsonl'}" in result.stdout  # the run's own world
+    # each service's config file as it would be written: the run's own world
+    assert "python -m services tools --config tools.toml" in result.stdout
+    assert f'corpus = "{run / "world" / "corpus.jsonl"}"' in result.stdout
     assert not (run / "eval").exists()
 
 

@@ -32,7 +32,7 @@ def test_no_shipped_config_binds_every_interface(path: Path) -> None:
 def test_a_node_binds_its_services_to_its_own_address(tmp_path: Path, corpus_file: Path) -> None:
     """The bootstrap's services phase, without a cluster: host "node" becomes this machine's
     cluster address (a token is then required, and given, as on a real node)."""
-    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", no_index_cache=true}}'
+    tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", index_cache=false}}'
     overrides = [
         f'run.folder="{tmp_path / "run"}"',
         'run.backend="slime"',

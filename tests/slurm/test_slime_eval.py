@@ -41,3 +41,8 @@ def test_eval_gives_the_services_the_env_files_keys(
     assert TOKEN_ENV not in os.environ  # restored once the services stop
     written = "".join(path.read_text() for path in logs.glob("*.log"))
     assert not any(value in written for value in KEYS.values())
+    # each service's config file, written beside its log: its table, never a key
+    configs = {path.name: path.read_text() for path in logs.glob("*.toml")}
+    assert set(configs) == {"tools.toml", "reward.toml"}
+    assert 'search = "serper"' in configs["tools.toml"]
+    assert not any(value in text for text in configs.values() for value in KEYS.values())

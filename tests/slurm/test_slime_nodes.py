@@ -60,9 +60,9 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, A
             reward = stack.enter_context(serve_in_thread(counting(reward_app(), rewards)))
             arguments = [
                 "tools", "--workers", "2", "--host", address,
-                "--search", "serper", "--serper-url", upstream,
+                "--search", "serper", "--serper.base-url", upstream,
                 "--reader", "offline", "--corpus", str(corpus),
-                "--index-cache", str(folder / "idx"), "--log-level", "WARNING",
+                "--index-cache-dir", str(folder / "idx"), "--log-level", "WARNING",
             ]  # fmt: skip
             tools = ServiceProcess(
                 "tools",

@@ -47,7 +47,6 @@ from slurm.backends.slime.retention import (
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
-from slurm.service_options import service_arguments
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
 # what a run's checkpoints fix: another model or layout cannot load them
@@ -126,15 +125,11 @@ class SlimeBackend:
         return {"checkpoints": str(slime_checkpoints(self.config))}
 
     def services(self) -> list[ServiceSpec]:
-        level = ("--log-level", self.config.services.log_level)
         services = self.config.services
+        level = services.log_level
         return [
-            ServiceSpec(
-                "tools",
-                ("tools", *service_arguments(services.tools), *level),
-                services.tool_workers,
-            ),
-            ServiceSpec("reward", ("reward", *service_arguments(services.reward), *level)),
+            ServiceSpec("tools", "tools", dict(services.tools), services.tool_workers, level),
+            ServiceSpec("reward", "reward", dict(services.reward), log_level=level),
         ]
 
     def environment(self, node_ip: str) -> dict[str, str]:

@@ -55,9 +55,8 @@ from slurm.backends.slime.model_context import (
     served_context,
 )
 from slurm.backends.slime.replay import replay
-from slurm.config import ExperimentConfig
+from slurm.config import INPUT_FILES, ExperimentConfig
 from slurm.package_data import read_json
-from slurm.service_options import INPUT_FILES
 
 FLAGS = "flags.json"  # in this package (slurm/package_data.py reads it)
 # a model's config.json key -> the Megatron flag that must say the same

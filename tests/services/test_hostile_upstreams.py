@@ -288,7 +288,7 @@ def through_tool_server(
 ) -> list[tuple[str, dict[str, Any]]]:
     settings = UpstreamSettings(upstream_url, retry=PATIENT, max_concurrency=4, read_timeout_s=5)
     config = ToolServerConfig(
-        search="serper", reader="jina", serper=settings, jina=settings, index_cache_dir=None
+        search="serper", reader="jina", serper=settings, jina=settings, index_cache=False
     )
     metrics = ServiceMetrics("tool")
     search, reader = build_providers(config, metrics)

@@ -560,9 +560,12 @@ def fake_base(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def train_checks(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The checks on a fake base, which sees only its own site-packages: the container CI runs
+    the suite with PYTHONPATH=/src, whose deepdive_slurm.egg-info would shadow the fake's."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
         [sys.executable, str(CHECKS), "--python", str(python), *args],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
 
 

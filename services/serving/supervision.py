@@ -10,9 +10,13 @@ clock (services/serving/workers.py does the processes, sockets and pings).
   is frozen (a worker whose event loop is stuck never notices by itself), and it is killed and
   restarted. A worker still loading its app is frozen only once `start_timeout_s` have passed.
 
-The defaults leave a busy worker ample room: a saturated loop answers /health within a
-second (its passes take 0.1-0.3 s), and a worker must miss 3 pings of 10 s each (~30 s without
-a reply) before it is killed.
+A worker that stops answering right after an answer is found `missed_pings` x
+(`ping_interval_s` + `ping_timeout_s`) later (`SupervisionPolicy.found_within_s`): 8 s by
+default, so a frozen worker's sessions are told (their retries reach its replacement, which
+answers a click `session_lost`) long before their client gives up. The trade-off: a worker
+that cannot answer /health within 3 s twice in a row is killed. A saturated loop answers
+within a second (its passes take 0.1-0.3 s); a loop stuck for 3 s is stuck for its sessions
+too.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ class SupervisionPolicy:
     window_s: float = 60.0
     first_backoff_s: float = 0.5
     max_backoff_s: float = 10.0
-    ping_interval_s: float = 5.0
-    ping_timeout_s: float = 10.0
-    missed_pings: int = 3
+    ping_interval_s: float = 1.0
+    ping_timeout_s: float = 3.0
+    missed_pings: int = 2
     start_timeout_s: float = 300.0  # a worker not up by then is frozen (its app is built
     # after the fork from what the supervisor loaded: seconds, not minutes)
 
@@ -51,6 +55,12 @@ class SupervisionPolicy:
             "start_timeout_s",
         ):
             positive(name, getattr(self, name))
+
+    @property
+    def found_within_s(self) -> float:
+        """The longest a worker that is up can go unanswered before it counts as frozen: each
+        missed ping waits `ping_interval_s` after the last outcome, then `ping_timeout_s`."""
+        return self.missed_pings * (self.ping_interval_s + self.ping_timeout_s)
 
 
 class RestartBudget:
@@ -92,6 +102,10 @@ class Liveness:
 
     def due(self) -> bool:
         return self.clock() >= self.next_ping
+
+    def ping_sent(self) -> float:
+        """A ping goes out now: the instant by which its answer must have come."""
+        return self.clock() + self.policy.ping_timeout_s
 
     def serving(self) -> None:
         """The worker said its app is built and it serves: from now on a miss counts."""

@@ -384,9 +384,7 @@ class _Supervisor:
             if live is None or index in self.pings or not live.due():
                 continue
             sock = self.sockets[index]
-            ping = _HealthPing(
-                _ping_address(sock), sock.family, self.clock() + self.policy.ping_timeout_s
-            )
+            ping = _HealthPing(_ping_address(sock), sock.family, live.ping_sent())
             if ping.error not in (0, errno.EINPROGRESS):
                 ping.close()
                 self._pinged(index, answered=False)

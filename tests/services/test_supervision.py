@@ -40,7 +40,8 @@ def test_no_restart_at_all_when_the_bound_is_zero() -> None:
 
 def test_a_worker_that_is_up_and_misses_pings_in_a_row_is_frozen() -> None:
     clock = FakeClock()
-    live = Liveness(SupervisionPolicy(ping_interval_s=5, missed_pings=3), clock)
+    policy = SupervisionPolicy(ping_interval_s=5, ping_timeout_s=10, missed_pings=3)
+    live = Liveness(policy, clock)
     assert not live.due()
     clock.now += 5
     assert live.due()
@@ -55,6 +56,36 @@ def test_a_worker_that_is_up_and_misses_pings_in_a_row_is_frozen() -> None:
     assert live.frozen() is None
     live.pinged(answered=False)
     assert live.frozen() == "did not answer /health 3 times in a row (10 s each)"
+
+
+def found_after(policy: SupervisionPolicy) -> float:
+    """Seconds from a worker's last answer until it counts as frozen, on a fake clock that runs
+    the supervisor's schedule (services/serving/workers.py `_ping_due`, `_expire_pings`): a
+    ping when one is due, and every ping after the last answer unanswered until its deadline."""
+    clock = FakeClock()
+    live = Liveness(policy, clock)
+    live.serving()
+    clock.now = live.next_ping
+    live.ping_sent()
+    live.pinged(answered=True)  # the last answer; the loop stops right after it
+    last_answer = clock.now
+    while live.frozen() is None:
+        assert clock.now - last_answer < 3600, "never found"
+        clock.now = max(clock.now, live.next_ping)
+        clock.now = live.ping_sent()  # no reply: the ping expires at its deadline
+        live.pinged(answered=False)
+    return clock.now - last_answer
+
+
+def test_a_frozen_worker_is_found_within_10_s_of_its_last_answer_by_default() -> None:
+    """Issue 27: 3 missed pings of 10 s (5 s apart) found a SIGSTOPped worker after ~42 s,
+    past its sessions' client timeouts; the defaults now find it in 2 x (1 s + 3 s)."""
+    policy = SupervisionPolicy()
+    assert found_after(policy) <= 10.0
+    assert found_after(policy) == policy.found_within_s == 8.0
+    assert policy.missed_pings >= 2  # one late answer alone never kills a busy worker
+    slow = SupervisionPolicy(ping_interval_s=5, ping_timeout_s=10, missed_pings=3)
+    assert found_after(slow) == slow.found_within_s == 45.0
 
 
 def test_a_loading_worker_is_not_frozen_until_its_start_timeout() -> None:

@@ -6,6 +6,7 @@ replaced; restarts past the bound end the whole server with a non-zero status.""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -21,6 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
+from deepdive.clients import close_clients
+from deepdive.protocol import ToolCall, ToolReply
+from deepdive.rollout import call_tool
+from deepdive.rollout_settings import RolloutSettings
 from services.base.process import ServiceProcess
 from services.base.waiting import wait_for
 from services.serving.workers import MAX_DEFAULT_WORKERS, default_workers
@@ -217,6 +222,44 @@ def test_a_frozen_worker_is_found_by_its_missed_pings_and_replaced(
     assert "worker_frozen worker=0" in text
     assert "worker_frozen worker=1" not in text  # the one that kept answering was left alone
     assert 'reason="did not answer /health 2 times in a row (1 s each)"' in text
+
+
+def test_a_call_in_flight_to_a_frozen_worker_is_answered_session_lost_by_its_replacement(
+    corpus_file: Path, tmp_path: Path
+) -> None:
+    """Issue 27: with the default pings (found 8 s after the last answer) a click already sent
+    to a worker that froze is answered before its client's 30 s deadline: the supervisor kills
+    the worker, the rollout's client retries on the port that never stopped listening, and the
+    replacement answers `session_lost` (search again). With 3 missed pings of 10 s the worker
+    was found after ~42 s, and the click timed out as a tool-server failure."""
+    log = tmp_path / "tools.log"
+
+    async def episode(url: str, victim: int) -> ToolReply:
+        settings = RolloutSettings(  # the client timeout the issue measured
+            sglang_url="http://127.0.0.1:9",
+            tool_server_url=url,
+            reward_server_url="http://127.0.0.1:9",
+            tool_timeout_s=30.0,
+        )
+        try:
+            search = ToolCall("search", {"query": "orrery"})
+            first = await call_tool(settings, url, "frozen", search, ())
+            assert first.error is None, first
+            os.kill(victim, signal.SIGSTOP)  # its pooled connection now goes unanswered
+            return await call_tool(settings, url, "frozen", ToolCall("click", {"link_id": 1}), ())
+        finally:
+            await close_clients()
+
+    with tool_server(corpus_file, log, "--workers", "2") as server:
+        assert server.process is not None
+        victim = worker_pid(log, 0)
+        reply = asyncio.run(episode(server.urls[0], victim))
+        assert reply.error is not None and reply.error.code == "session_lost", reply
+        assert "search again" in reply.observation
+        assert not running(victim)
+    text = log.read_text()
+    assert "worker_frozen worker=0 url=" in text
+    assert 'reason="did not answer /health 2 times in a row (3 s each)"' in text
 
 
 def test_restarts_past_the_bound_end_the_whole_server_with_a_non_zero_status(

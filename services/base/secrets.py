@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from services.base.errors import ConfigError
 from services.base.logs import register_secret
 
 # The shared bearer token of our services (clients send it, servers require it when set).
 TOKEN_ENV = "DEEPDIVE_SERVICE_TOKEN"  # noqa: S105 (a variable name, not a secret)
+# Where a node is told its proxy (urllib and aiohttp read either spelling); never a config field.
+PROXY_ENVS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def check_env_file(path: str | Path) -> None:
@@ -69,3 +72,19 @@ def read_secret(name: str) -> str | None:
     value = os.environ.get(name, "").strip() or None
     register_secret(value)
     return value
+
+
+def register_proxy_secrets() -> None:
+    """Register the password of every proxy URL in the environment (`http://user:pw@host:3128`)
+    for redaction: the URL may be quoted by an error or a log line."""
+    for name in PROXY_ENVS:
+        value = os.environ.get(name, "").strip()
+        if not value:
+            continue
+        try:
+            password = urlsplit(value).password
+        except ValueError:  # not a URL (a bad port): aiohttp refuses it; keep it out whole
+            register_secret(value)
+            continue
+        register_secret(password)
+        register_secret(unquote(password) if password else None)

@@ -129,6 +129,7 @@ class OpenAIJudge(UpstreamProvider):
             headers=headers,
             metrics=metrics,
             key_hint=" or ".join(KEY_ENVS),
+            through_proxy=True,  # on the internet: HTTPS_PROXY / NO_PROXY apply
         )
         super().__init__(upstream, has_key=api_key is not None)
         self.model = model

@@ -40,6 +40,7 @@ class DirectReader(UpstreamProvider):
             headers={"User-Agent": USER_AGENT, "Accept": "text/html,text/plain;q=0.9,*/*;q=0.1"},
             metrics=metrics,
             classify_error=_site_refusal,
+            through_proxy=True,  # on the internet: HTTPS_PROXY / NO_PROXY apply
         )
         super().__init__(upstream)
 

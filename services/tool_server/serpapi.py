@@ -66,6 +66,7 @@ class SerpApiSearch(UpstreamProvider):
             metrics=metrics,
             key_hint=KEY_ENV,
             classify_error=_classify,
+            through_proxy=True,  # on the internet: HTTPS_PROXY / NO_PROXY apply
         )
         super().__init__(upstream, has_key=api_key is not None)
 

@@ -49,6 +49,7 @@ class SerperSearch(UpstreamProvider):
             headers=headers,
             metrics=metrics,
             key_hint=KEY_ENV,
+            through_proxy=True,  # on the internet: HTTPS_PROXY / NO_PROXY apply
         )
         super().__init__(upstream, has_key=api_key is not None)
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from services.base.errors import ConfigError
-from slurm.backends.slime.args import max_tokens_per_gpu, slime_arguments
+from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime
+from slurm.backends.slime.config import max_tokens_per_gpu
 from slurm.backends.slime.replay import replay
 from slurm.config import ExperimentConfig, load_experiment
 from tests.helpers import slime_recipe

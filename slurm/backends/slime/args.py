@@ -36,7 +36,9 @@ from deepdive.rollout_settings import (
 )
 from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
-from slurm.backends.slime.config import SlimeSection
+from slurm.backends.slime.config import SlimeSection, max_tokens_per_gpu
+from slurm.backends.slime.memory_estimate import log_probs_chunk_size
+from slurm.backends.slime.model_context import read_config
 from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
 from slurm.run_folder import RunFolder
@@ -100,19 +102,9 @@ def sglang_context_length(slime: SlimeSection) -> int:
     return slime.sglang.context_length or slime.rollout.max_context_len
 
 
-def max_tokens_per_gpu(slime: SlimeSection) -> int:
-    """The dynamic batch's cap: the configured one, else one longest episode per GPU over CP
-    (slime's --max-tokens-per-gpu help: "around max_response_len // cp_size")."""
-    parallel = slime.parallelism
-    return parallel.max_tokens_per_gpu or -(-slime.rollout.max_context_len // parallel.context)
-
-
 def chosen_chunk_size(config: ExperimentConfig) -> int:
     """--log-probs-chunk-size: the configured one, or the memory estimate's choice, which reads
     the model's config.json (0, not passed, when there is none yet)."""
-    from slurm.backends.slime.memory_estimate import log_probs_chunk_size
-    from slurm.backends.slime.model_context import read_config
-
     path = Path(config.slime.model.hf_checkpoint) / "config.json"
     try:
         model = read_config(path.parent) if path.is_file() else None

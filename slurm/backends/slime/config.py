@@ -354,3 +354,10 @@ class SlimeSection:
     eval: SlimeEval = field(default_factory=SlimeEval)
     deepdive: SlimeDeepDive = field(default_factory=SlimeDeepDive)
     extra_args: list[str] = field(default_factory=list)
+
+
+def max_tokens_per_gpu(slime: SlimeSection) -> int:
+    """The dynamic batch's cap: the configured one, else one longest episode per GPU over CP
+    (slime's --max-tokens-per-gpu help: "around max_response_len // cp_size")."""
+    parallel = slime.parallelism
+    return parallel.max_tokens_per_gpu or -(-slime.rollout.max_context_len // parallel.context)

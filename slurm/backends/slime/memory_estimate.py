@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slurm.backends.slime.args import max_tokens_per_gpu
+from slurm.backends.slime.config import max_tokens_per_gpu
 from slurm.backends.slime.model_context import text_config
 from slurm.config import ExperimentConfig
 

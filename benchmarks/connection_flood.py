@@ -81,7 +81,10 @@ def main() -> None:
                "--corpus", str(corpus), "--index-cache", "false", "--log-level", "INFO"]  # fmt: skip
     log_path = work / "server.log"
     with log_path.open("wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # cwd: `-m` puts the working directory first on sys.path, ahead of PYTHONPATH
+        server = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=args.tree
+        )
         try:
             wait_healthy(f"http://127.0.0.1:{port}/health")
             sources = ",".join(f"127.0.0.{2 + i}" for i in range(args.addresses))

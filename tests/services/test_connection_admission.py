@@ -1,7 +1,8 @@
 """The admission decision as a table: whom a server with a 4,096 cap (512 reserved, a floor of
 8, at most 2,048 per address) lets in, as the number of client addresses grows. Issue 27: two
 addresses re-opening 2,100 idle sockets each filled the whole cap under a fixed half-the-cap
-share, and a third address's searches failed 98 %."""
+share, and a third address's searches failed 98 %. Then the guard itself: a newcomer within its
+share takes a silent connection of an address over its own."""
 
 from __future__ import annotations
 

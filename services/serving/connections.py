@@ -232,8 +232,11 @@ class ConnectionGuard:
         held = self.open_by_client.get(client, 0) if client is not None else 0
         addresses = len(self.open_by_client) + (0 if held else 1)
         reason = refusal(held, self.open_total, addresses, self.limits)
-        one_less = refusal(held, self.open_total - 1, addresses, self.limits)
-        if reason is not None and one_less is None and self._evict_for(client, addresses, schedule):
+        if (
+            reason is not None
+            and refusal(held, self.open_total - 1, addresses, self.limits) is None  # room for one
+            and self._evict_for(client, addresses, schedule)
+        ):
             reason = None
         if reason is None:
             self.open_total += 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -192,6 +194,44 @@ def test_a_read_that_fails_fails_naming_the_reader(
         probe(tmp_path, table, clean_environment())
     assert "the egress probe's read through jina failed" in failure.value.message
     assert "jina: could not connect: connection refused" in failure.value.message
+
+
+def test_an_upstream_that_never_answers_fails_naming_the_timeout(tmp_path: Path) -> None:
+    """A socket that listens but is never read: the connect succeeds, the reply never comes."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        table = tools_table(url, url)
+        table["serper"]["read_timeout_s"] = 1
+        with pytest.raises(EgressFailed) as failure:
+            probe(tmp_path, table, clean_environment())
+    assert "serper: timed out after 1 attempts" in failure.value.message
+
+
+def test_a_certificate_the_node_does_not_trust_fails_naming_tls(tmp_path: Path) -> None:
+    """A fake Serper on HTTPS with a self-signed certificate (what a TLS-inspecting middlebox
+    without the site's CA in the image looks like)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs openssl to make a certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(  # fixed arguments
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = HTTPServer("127.0.0.1", 0, ssl_context=context)
+    server.expect_request("/search", method="POST").respond_with_json(SERPER_BODY)
+    server.start()
+    try:
+        url = server.url_for("").rstrip("/")
+        with pytest.raises(EgressFailed) as failure:
+            probe(tmp_path, tools_table(url, url), clean_environment())
+    finally:
+        server.stop()
+    assert "serper: could not connect (the TLS certificate was refused)" in failure.value.message
+    assert server.log == []  # no request got past the handshake
 
 
 NO_ROUTE_SCRIPT = """

@@ -28,7 +28,14 @@ from services.tool_server.config import ToolServerConfig
 from slurm.backends import ServiceSpec
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import load_experiment
-from slurm.egress import PROBE_QUERY, EgressFailed, ProbeResult, Upstreams, probe_egress
+from slurm.egress import (
+    FALLBACK_URL,
+    PROBE_QUERY,
+    EgressFailed,
+    ProbeResult,
+    Upstreams,
+    probe_egress,
+)
 from slurm.environment import NodeInfo
 from slurm.phases import NodeFailed, read_phases
 from slurm.ports import plan_node_ports
@@ -128,6 +135,24 @@ def test_a_search_and_a_read_that_answer_pass(
     # one search and one read, no more: what the probe costs
     assert [request.path for request, _ in httpserver.log] == ["/search", f"/{RESULT_URL}"]
     assert httpserver.log[0][0].headers["X-API-KEY"] == SERPER_KEY
+
+
+def test_a_search_without_results_reads_the_fallback_and_an_unshown_page_still_passes(
+    tmp_path: Path, httpserver: HTTPServer, upstream: str
+) -> None:
+    """No result to click: the probe opens FALLBACK_URL; Jina fetched it but it has no text
+    (page_unavailable): the way out is proven, the note says what the page was."""
+    httpserver.expect_request("/search", method="POST").respond_with_json(
+        {"searchParameters": {"q": PROBE_QUERY}, "organic": []}
+    )
+    empty = {"code": 200, "data": {"title": "", "url": FALLBACK_URL, "content": ""}}
+    httpserver.expect_request(f"/{FALLBACK_URL}").respond_with_data(
+        json.dumps(empty), content_type="application/json"
+    )
+    result = probe(tmp_path, tools_table(upstream, upstream), clean_environment())
+    assert result.read == FALLBACK_URL
+    assert result.note == "the page was fetched but not shown: jina: the page has no readable text"
+    assert [request.path for request, _ in httpserver.log] == ["/search", f"/{FALLBACK_URL}"]
 
 
 def test_a_key_serper_refuses_fails_naming_serper_and_401(

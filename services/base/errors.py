@@ -44,6 +44,7 @@ DeepDiveError
     ├── SGLangStartError        SGLang did not start (slurm/backends/slime/sglang_server.py)
     ├── ConversionFailed        a checkpoint conversion failed (slurm/backends/slime/conversion.py)
     ├── NodeFailed              a node could not do its part (slurm/phases.py)
+    ├── EgressFailed            a node cannot reach an upstream (slurm/egress.py)
     └── SmokeFailed             a GPU smoke job failed or left no report (slurm/smoke/job.py)
 """
 

@@ -31,6 +31,45 @@ import orjson
 
 from services.base.errors import RequestError, UpstreamBadResponse
 
+__all__ = [
+    "BROWSING_TOOLS",
+    "COMPACT_SYSTEM_PROMPT",
+    "FINISH",
+    "MISSING",
+    "NO_RESULTS",
+    "OBSERVATION_CLOSE",
+    "OBSERVATION_OPEN",
+    "PAGE_CHARS",
+    "SYSTEM_PROMPT",
+    "SYSTEM_PROMPTS",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "TOOL_ERROR_KINDS",
+    "TOOL_NAMES",
+    "TOOL_SCHEMAS",
+    "TOOL_SERVER_FAILED",
+    "Failure",
+    "ProtocolError",
+    "RewardReply",
+    "RewardRequest",
+    "ToolCall",
+    "ToolReply",
+    "ToolRequest",
+    "find_tool_calls",
+    "format_observation",
+    "format_page",
+    "format_results",
+    "format_tool_call",
+    "json_kind",
+    "model_text",
+    "parse_tool_call_body",
+    "reward_labels",
+    "split_pages",
+    "strip_end_markers",
+    "tool_error_kind",
+    "validate_arguments",
+]
+
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 OBSERVATION_OPEN = "<observation>"

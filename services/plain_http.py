@@ -29,6 +29,14 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "PlainHttpError",
+    "PlainHttpPool",
+    "ResponseTooLarge",
+    "check_header",
+]
+
 # aiohttp's own limits are 8,190 bytes a line and 32,768 fields; a reply of ours or SGLang's has
 # a head of a few hundred bytes. Beyond these the reply is refused, not read further.
 MAX_HEAD_BYTES = 65_536

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from services.base.errors import RequestError, UpstreamBadResponse
+from services.base.errors import RequestError, ToolError, UpstreamBadResponse
 
 __all__ = [
     "BROWSING_TOOLS",
@@ -188,7 +188,7 @@ COMPACT_SYSTEM_PROMPT = (
 SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "compact": COMPACT_SYSTEM_PROMPT}
 
 
-class ProtocolError(ValueError):
+class ProtocolError(ToolError):
     """A tool call that breaks the protocol. `code` is machine-readable; the message is for the model."""
 
     def __init__(self, code: str, message: str) -> None:

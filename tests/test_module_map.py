@@ -152,3 +152,30 @@ def test_the_map_reader(tmp_path: Path) -> None:
         "`app.py` fits ['slurm/x/app.py', 'slurm/y/app.py']: write more of its path",
         "`gone.py` (under ['slurm/']) is no module",
     ]
+
+
+WHERE = ROOT / "docs" / "where-does-it-go.md"
+_PLACEHOLDER = re.compile(r"[A-Z]{4,}|\*")  # `fakes/NAME.py`, `tests/PACKAGE/test_*.py`
+
+
+def test_where_does_it_go_names_paths_that_exist_and_a_test_for_each_answer() -> None:
+    """docs/where-does-it-go.md's paths are real (a placeholder such as NAME aside), and each
+    answer of its table names the test that checks it."""
+    page = WHERE.read_text(encoding="utf-8")
+    paths = [
+        span
+        for span in _SPAN.findall(page)
+        if "/" in span and span.endswith((".py", "/")) and not _PLACEHOLDER.search(span)
+    ]
+    assert paths, "the page names no path"
+    assert [path for path in paths if not (ROOT / path).exists()] == []
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    untested = [
+        row.split("|")[1].strip()
+        for row in rows
+        if not any(
+            span.startswith("tests/") and span.rsplit("/", 1)[-1].startswith("test_")
+            for span in _SPAN.findall(row.split("|")[-2])
+        )
+    ]
+    assert len(rows) >= 10 and untested == []

@@ -54,6 +54,20 @@ from services.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge,
 if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus
     from services.metrics import ServiceMetrics
 
+__all__ = [
+    "ErrorClassifier",
+    "MismatchedReply",
+    "RetryPolicy",
+    "Upstream",
+    "UpstreamProvider",
+    "UpstreamReply",
+    "UpstreamSettings",
+    "decode_json_object",
+    "echoed_query",
+    "only_2xx",
+    "parse_retry_after",
+]
+
 logger = logging.getLogger("deepdive.upstream")
 redact_third_party_loggers()
 

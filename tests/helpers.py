@@ -86,6 +86,21 @@ class Closing(Protocol):
     def __call__(self, thing: Closable, /) -> Closable: ...
 
 
+def git_ignored(root: Path, paths: list[str]) -> set[str]:
+    """The paths (relative to `root`) that git ignores there, such as containers/build/'s copy
+    of the tree that the container tests stage; none where `root` is not in a git work tree."""
+    if not paths:
+        return set()
+    found = subprocess.run(
+        ["git", "-C", str(root), "check-ignore", "--stdin"],
+        input="\n".join(paths),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return set(found.stdout.splitlines()) if found.returncode in (0, 1) else set()
+
+
 @contextmanager
 def serve_in_thread(app: ASGIApp) -> Iterator[str]:
     """Run `app` under a real uvicorn on 127.0.0.1 (a free port); yield its base URL."""

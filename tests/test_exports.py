@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import git_ignored
+
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACTS = (
     "deepdive.protocol",
@@ -29,12 +31,16 @@ CONTRACTS = (
 
 
 def python_files(root: Path) -> Iterator[Path]:
-    """Every .py file of the repository, hidden folders (.venv, .git, caches) left out."""
+    """Every .py file of the repository, hidden folders (.venv, .git, caches) and what git
+    ignores (containers/build/'s staged copy of the tree) left out."""
+    found: list[Path] = []
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = sorted(
             name for name in subfolders if not name.startswith(".") and name != "__pycache__"
         )
-        yield from (Path(folder) / name for name in sorted(files) if name.endswith(".py"))
+        found += (Path(folder) / name for name in sorted(files) if name.endswith(".py"))
+    ignored = git_ignored(root, [path.relative_to(root).as_posix() for path in found])
+    yield from (path for path in found if path.relative_to(root).as_posix() not in ignored)
 
 
 def module_name(path: Path, root: Path) -> str:

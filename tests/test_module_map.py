@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from tests.helpers import git_ignored
+
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = ROOT / "docs" / "layout.md"
 MAPPED = ("deepdive", "services", "slurm", "fakes", "benchmarks", "scripts", "containers")
@@ -24,7 +26,8 @@ _FOLDER = re.compile(r"^[\w./-]+/$")
 
 
 def python_files(root: Path) -> set[str]:
-    """Every .py file under `root`, as a path from it (hidden folders such as .venv left out)."""
+    """Every .py file under `root`, as a path from it (hidden folders such as .venv, and what git
+    ignores, left out)."""
     found: set[str] = set()
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = [
@@ -35,7 +38,7 @@ def python_files(root: Path) -> set[str]:
             for name in files
             if name.endswith(".py")
         )
-    return found
+    return found - git_ignored(root, sorted(found))
 
 
 def _only_a_docstring(path: Path) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -125,21 +126,23 @@ def ray_wildcard_ports(attempt: Path, nodes: int) -> set[int]:
 
 
 def listeners_of_job(job_id: str) -> list[tuple[str, str, int]]:
-    """(process, address, port) of every TCP socket the job's nodes listen on: each node's
-    bootstrap and its descendants (Ray's processes among them: a process that sets its title,
-    as Ray's agents do, no longer shows its environment). srun's own sockets are Slurm's."""
-    found = []
+    """(process, address, port) of every TCP socket the job listens on: its processes (srun's
+    too) and each node's bootstrap's descendants (Ray's among them: a process that sets its
+    title, as Ray's agents do, no longer shows its environment)."""
+    members: set[int] = set()
     for line in processes_of_job(job_id):
         pid, command = line.split(": ", 1)
-        if "submitit.core._submit" not in command or command.startswith("srun "):
-            continue  # not a bootstrap, or srun's own line naming it
-        for member in [int(pid), *descendants(int(pid))]:
-            try:
-                title = Path(f"/proc/{member}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:  # it ended meanwhile
-                continue
-            for host, port in listening_sockets(member):
-                found.append((title.decode(errors="replace")[:80], host, port))
+        members.add(int(pid))
+        if "submitit.core._submit" in command and not command.startswith("srun "):
+            members.update(descendants(int(pid)))
+    found = []
+    for member in sorted(members):
+        try:
+            title = Path(f"/proc/{member}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # it ended meanwhile
+            continue
+        for host, port in listening_sockets(member):
+            found.append((title.decode(errors="replace")[:80], host, port))
     return found
 
 
@@ -467,3 +470,15 @@ def test_a_node_whose_bootstrap_is_killed_is_named_and_leaves_nothing_running(
     assert "FAILED    node 1 during serving: it ended without a word" in status.stdout
     assert not ray_temp_dirs(job_id)  # node 1's Ray ended with its keeper
     wait_until(lambda: not processes_of_job(job_id), 30, "the job's processes to be gone")
+
+
+def test_the_test_clusters_slurm_listens_on_loopback(slurm_env: dict[str, str]) -> None:
+    """slurmctld and each slurmd bind 127.0.0.1 (scripts/local-slurm.sh: NoInAddrAny, where
+    this host's name resolves there), not every address; srun's are checked with a job's."""
+    if socket.gethostbyname(socket.gethostname()) != "127.0.0.1":
+        pytest.skip("this host's name does not resolve to 127.0.0.1: Slurm binds every address")
+    pid_files = sorted((Path(slurm_env["DEEPDIVE_SLURM_DIR"]) / "slurm" / "run").glob("*.pid"))
+    assert len(pid_files) == 3, pid_files  # slurmctld, slurmd-n1, slurmd-n2
+    listening = {path.name: listening_sockets(int(path.read_text())) for path in pid_files}
+    assert all(listening.values()), listening
+    assert all(on_loopback(host) for found in listening.values() for host, _ in found), listening

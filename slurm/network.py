@@ -3,8 +3,9 @@
 `node_address` is the address Ray (`--node-ip-address`), the services (`services.host =
 "node"`) and the URLs other nodes are handed all use: with `bootstrap.node_address = "route"`
 (the default) the one the node's default route leaves from, as Ray picks it itself; a loopback
-address where it is set to one (configs/cluster-tiny.toml: nodes emulated on one host, so
-nothing of a test job listens beyond the host).
+address where it is set to one (configs/cluster-tiny.toml: nodes emulated on one host, so a
+test job's Ray node and services are reached on loopback; Ray's gRPC servers still listen on
+every address, which no setting of Ray 2.60 changes).
 
 `interface_for` says which interface NCCL and gloo must use (NCCL_SOCKET_IFNAME,
 GLOO_SOCKET_IFNAME). Left to choose, they may take an interface the other nodes cannot reach (a

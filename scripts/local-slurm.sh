@@ -94,11 +94,16 @@ up() {
   local policy; policy=$(<"$(dirname "${BASH_SOURCE[0]}")/slurm-policy.conf")  # fails loudly
   policy=$(sed "s|^TaskPlugin=.*|TaskPlugin=$TASK_PLUGIN|" <<<"$policy")  # the policy's default: task/none
   [[ $TASK_PLUGIN == task/affinity ]] && policy+=$'\nTaskPluginParam=Cores'
+  # Slurm's daemons and srun on loopback instead of every address (NoInAddrAny binds the address
+  # this host's full name resolves to), where that is 127.0.0.1: what NodeAddr and SlurmctldHost say
+  local bind="# this host's name does not resolve to 127.0.0.1: Slurm binds every address"
+  [[ $(getent ahostsv4 "$(hostname)" | awk 'NR == 1 { print $1 }') == 127.0.0.1 ]] &&
+    bind="CommunicationParameters=NoCtldInAddrAny,NoInAddrAny"
   local conf; conf=$(mktemp)
   cat > "$conf" <<CONF
 # written by scripts/local-slurm.sh: one host, $NODES emulated node(s), $TASK_PLUGIN, no cgroups, no accounting
 ClusterName=deepdive-dev
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -112,6 +117,7 @@ SlurmdPidFile=$S/run/slurmd-%n.pid
 SlurmctldLogFile=$S/log/slurmctld.log
 SlurmdLogFile=$S/log/slurmd-%n.log
 $([[ -d $PLUGINS ]] && echo "PluginDir=$PLUGINS")
+$bind
 $policy
 NodeName=n[1-$NODES] NodeHostname=$host NodeAddr=127.0.0.1 Port=[$((SLURMD_PORT0 + 1))-$((SLURMD_PORT0 + NODES))] CPUs=$NODE_CPUS RealMemory=$NODE_MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO

@@ -38,7 +38,6 @@ import os
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -63,6 +62,7 @@ from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
 from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.egress import ProbeResult, Upstreams, probe_egress
 from slurm.environment import NodeInfo, current_node
+from slurm.network import ROUTE, node_address
 from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
 from slurm.preemption import WarnedSave
@@ -161,6 +161,12 @@ class NodeBootstrap:
         self.ray_logs = Cadence(LONG_POLL_S, clock)  # Ray's worker logs, on local disk
         self._shared_fresh = True
 
+    @functools.cached_property
+    def address(self) -> str:
+        """The address the node's Ray, its services and the URLs it publishes use
+        (bootstrap.node_address: the default route's, or the configured loopback one)."""
+        return node_address(self.config.bootstrap.node_address)
+
     # -- the whole node ------------------------------------------------------------------
 
     def run(self) -> int:
@@ -221,7 +227,7 @@ class NodeBootstrap:
     def _run_phases(self) -> int:
         node = self.node
         with self.phases.phase("secrets"):
-            environment = {**self.backend.environment(node_ip()), **self._secrets()}
+            environment = {**self.backend.environment(self.address), **self._secrets()}
         with self.phases.phase("storage"):
             self._check_storage()
         with self.phases.phase("ports"):
@@ -246,9 +252,12 @@ class NodeBootstrap:
                 "ray": self.ray.address,
                 "services": urls,
                 "ports": {
-                    name: port
-                    for name, port in ports.all_ports()
-                    if name not in ("ray_worker", "tools_worker")  # ranges: see "services"
+                    **{
+                        name: port
+                        for name, port in ports.all_ports()
+                        if name not in ("ray_worker", "tools_worker")  # ranges: see "services"
+                    },
+                    "ray_max_worker": ports.ray_max_worker,  # Ray's worker range ends there
                 },
             },
         )
@@ -290,11 +299,27 @@ class NodeBootstrap:
             write_json(self.attempt.data, {"t": time.time(), "summary": _brief(summary)})
         else:
             head = self._wait_for_note(self.attempt.head, "the Ray head's address")
+            self._check_on_the_heads_host(str(head.get("host", "")))
             self._launch_ray(ports, environment, head=str(head["address"]))
             self._wait_for_note(self.attempt.data, "node 0's data")
         self._launch_services(ports, environment)
         if self.node.is_head and self.backend.starts_early:
             self._start_trainer(environment)
+
+    def _check_on_the_heads_host(self, head_host: str) -> None:
+        """A loopback node address (bootstrap.node_address) is reached from its own host
+        only: a node on another host than the head fails now, naming the setting, instead of
+        waiting join_timeout_s for a head it cannot reach."""
+        setting = self.config.bootstrap.node_address
+        if setting == ROUTE or head_host == self.node.hostname:
+            return
+        raise NodeFailed(
+            self.node.node,
+            "launch",
+            f"bootstrap.node_address is {setting}, a loopback address, but node 0 runs on "
+            f"{head_host or 'another host'} and this node on {self.node.hostname}: no node "
+            f'reaches another\'s loopback; set bootstrap.node_address = "{ROUTE}"',
+        )
 
     def _failed(self, failure: NodeFailed) -> int:
         """Leave the note the other nodes (and `deepdive status`) read, and say it plainly."""
@@ -339,7 +364,7 @@ class NodeBootstrap:
         logs = self.attempt.node_logs(self.node.node)
         self.ray = RayNode(
             node=self.node.node,
-            node_ip=node_ip(),
+            node_ip=self.address,
             ports=ports,
             head_address=head,
             temp_dir=Path("/tmp") / f"dd-{self.node.job_id}-{self.node.node}",  # noqa: S108
@@ -351,11 +376,13 @@ class NodeBootstrap:
             head_wait_s=self.config.bootstrap.join_timeout_s,
         )
         if head is None:  # where the others join, before it is up
-            write_json(self.attempt.head, {"address": self.ray.address})
+            write_json(self.attempt.head, {"address": self.ray.address, "host": self.node.hostname})
         self.ray.launch()
 
     def _launch_services(self, ports: NodePorts, environment: dict[str, str]) -> None:
-        host = node_ip() if self.config.services.host == NODE_ADDRESS else self.config.services.host
+        host = (
+            self.address if self.config.services.host == NODE_ADDRESS else self.config.services.host
+        )
         logs = self.attempt.node_logs(self.node.node)
         drill = [DRILL_ARGUMENT] if drilled("services", self.node.node) else []
         for spec in self.backend.services():
@@ -378,7 +405,7 @@ class NodeBootstrap:
         """Every service answering /ready, then a tool server on the internet probed (one real
         search and one real read: slurm/egress.py): the services' URLs other nodes use."""
         urls = {
-            service.name: reachable(service.wait_ready(check=self._check), node_ip())
+            service.name: reachable(service.wait_ready(check=self._check), self.address)
             for service in self.services
         }
         for service in self.services:
@@ -690,18 +717,6 @@ def drilled(phase: str, node: int) -> bool:
     """Whether DEEPDIVE_DRILL asks `phase` to fail on `node` ("services@1,services@2")."""
     wanted = os.environ.get(DRILL_ENV, "")
     return f"{phase}@{node}" in {item.strip() for item in wanted.split(",")}
-
-
-def node_ip() -> str:
-    """The address other nodes reach this one at: the one its default route leaves from (a
-    UDP socket "connected" to a public address sends nothing), as Ray picks it itself."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
-            address: str = probe.getsockname()[0]
-        except OSError:
-            return socket.gethostbyname(socket.gethostname())
-    return address
 
 
 @contextmanager

@@ -11,6 +11,7 @@ file (mode 0600) that each node reads for itself.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from services.base.errors import ConfigError
 from services.base.typed_config import load_toml, require
 from services.commands import service_config
 from slurm.backends.slime.config import SlimeSection
+from slurm.network import ROUTE
 from slurm.ports import TOOL_PORTS
 
 Backend = Literal["local", "slime"]
@@ -120,7 +122,7 @@ class ContainerTable:
 CLEAN_ENVIRONMENT = {"--containall", "-C", "--cleanenv", "-e"}
 
 
-# services.host: the node's own cluster address, resolved on each node (slurm/bootstrap.py)
+# services.host: the node's own cluster address (bootstrap.node_address), resolved on each node
 NODE_ADDRESS = "node"
 
 # [services.tools] / [services.reward]: a table of the service's own config file (its keys the
@@ -194,9 +196,15 @@ class ServicesTable:
 @dataclass(frozen=True)
 class BootstrapTable:
     """join_timeout_s: how long a node waits for the others (storage, Ray, services) before
-    the job fails naming the one that is missing."""
+    the job fails naming the one that is missing. node_address: the address each node's Ray
+    (--node-ip-address), its services (host "node") and the URLs it publishes use: "route",
+    the address the node's default route leaves from (every real cluster), or a loopback
+    IPv4 address other than 127.0.0.1 (Ray replaces that one) for nodes emulated on one host
+    (configs/cluster-tiny.toml: a test job is then reached on loopback only). Any other
+    literal would be every node's address, so it is refused."""
 
     join_timeout_s: float = 300.0
+    node_address: str = ROUTE
     # SIGTERM to SIGKILL for a node's children, all stopped at once: the whole teardown must fit
     # in Slurm's KillWait (30 s by default, 5 s on scripts/local-slurm.sh's cluster), and a
     # Ray driver told to stop (the trainer) can hang in its exit handlers
@@ -205,6 +213,33 @@ class BootstrapTable:
     def __post_init__(self) -> None:
         require(self.join_timeout_s > 0, "bootstrap.join_timeout_s", "> 0", self.join_timeout_s)
         require(self.stop_timeout_s > 0, "bootstrap.stop_timeout_s", "> 0", self.stop_timeout_s)
+        require(
+            self.node_address == ROUTE or _is_ipv4_loopback(self.node_address),
+            "bootstrap.node_address",
+            f'"{ROUTE}" (the default route\'s address) or a loopback IPv4 address such as '
+            '"127.0.0.2" (nodes emulated on one host); one address for every node of a real '
+            "cluster would be reachable on none",
+            self.node_address,
+        )
+        require(
+            self.node_address not in RAY_REWRITES,
+            "bootstrap.node_address",
+            "another loopback address than 127.0.0.1, such as 127.0.0.2: `ray start` replaces "
+            "127.0.0.1 with the host's interface address (ray.scripts.scripts, "
+            "resolve_ip_for_localhost), so Ray would be reached beyond loopback",
+            self.node_address,
+        )
+
+
+# what `ray start --node-ip-address` takes for "this host" and replaces with its interface address
+RAY_REWRITES = ("127.0.0.1",)
+
+
+def _is_ipv4_loopback(address: str) -> bool:
+    try:
+        return ipaddress.IPv4Address(address).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

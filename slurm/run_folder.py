@@ -14,7 +14,7 @@ each other there.
                                     when its Ray stops
         node-K.phases.jsonl         node K's phases, timestamped
         storage/node-K              node K's proof that it writes where the others read
-        head.json                   the Ray head's address (node 0)
+        head.json                   the Ray head's address and host (node 0)
         data.json                   the backend's data is ready (node 0)
         node-K.json                 node K is ready: its ports and service URLs
         failed-node-K.json          node K failed: the phase and why

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import ipaddress
 import math
+import os
 import re
 import subprocess
 import sys
@@ -265,6 +267,70 @@ def processes_of_job(job_id: str) -> list[str]:
         if marker in environ and state != "Z":
             found.append(f"{entry.name}: {command}")
     return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (its children, theirs, ...), read from /proc."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            threads = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:  # it ended meanwhile
+            continue
+        for thread in threads:
+            try:
+                children = [int(child) for child in (thread / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            pending += children
+    return found
+
+
+TCP_LISTEN = "0A"  # a socket's state in /proc/net/tcp (include/net/tcp_states.h)
+
+
+def _proc_address(field: str) -> tuple[str, int]:
+    """/proc/net/tcp's "0100007F:1F90" (each 32-bit word of the address in host order,
+    little-endian here) as ("127.0.0.1", 8080)."""
+    hexaddress, hexport = field.split(":")
+    raw = bytes.fromhex(hexaddress)
+    packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(packed)), int(hexport, 16)
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int]]:
+    """The TCP addresses process `pid` listens on (IPv4 and IPv6), read from its own network
+    namespace's tables and its file descriptors: what it bound, not what it announced."""
+    inodes = set()
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+        tables = [Path(f"/proc/{pid}/net/{name}").read_text() for name in ("tcp", "tcp6")]
+    except OSError:  # it ended meanwhile
+        return []
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(descriptor)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table in tables:
+        for line in table.splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == TCP_LISTEN and fields[9] in inodes:
+                found.append(_proc_address(fields[1]))
+    return found
+
+
+def on_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1, or an IPv4 loopback address written as IPv6 (::ffff:127.0.0.1)."""
+    parsed = ipaddress.ip_address(address)
+    mapped = parsed.ipv4_mapped if isinstance(parsed, ipaddress.IPv6Address) else None
+    return parsed.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 # -- the slime recipe over placeholder files (configs/deepdive-qwen.toml needs a model folder,

@@ -29,7 +29,7 @@ from typing import Any
 from services.base.process import child_preexec, log_tail
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.backends import build_backend
-from slurm.bootstrap import node_ip
+from slurm.network import node_address
 from slurm.run_folder import read_json
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus
@@ -223,7 +223,7 @@ def run(context: SmokeContext) -> list[Check]:
     folder = context.folder / "2-nccl" / f"node-{node}"
     folder.mkdir(parents=True, exist_ok=True)
     gpus, _ = torch_gpus()
-    address = node_ip()
+    address = node_address(context.config.bootstrap.node_address)
     environment = {**build_backend(context.config).environment(address), "NCCL_DEBUG": "INFO"}
     return [
         one_node(context, gpus, folder, environment),

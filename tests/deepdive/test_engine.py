@@ -374,9 +374,10 @@ def prompt_ids_for(engine: LocalEngine, messages: list[dict[str, str]]) -> list[
 def test_serve_engine_command_serves_a_saved_model_behind_the_token(
     engine: LocalEngine, tmp_path: Path
 ) -> None:
-    """`deepdive serve engine --host 0.0.0.0` with the service token set: /generate refuses a
-    client without it, answers one with it (the same ids as the engine in this process), and
-    /ready and /metrics, which the start-up line advertises, answer."""
+    """`deepdive serve engine` with the service token set (on loopback, as every test server:
+    once set, the token is asked for on any address): /generate refuses a client without it,
+    answers one with it (the same ids as the engine in this process), and /ready and
+    /metrics, which the start-up line advertises, answer."""
     import os
     import subprocess
     import sys
@@ -387,8 +388,9 @@ def test_serve_engine_command_serves_a_saved_model_behind_the_token(
     folder = tmp_path / "policy"
     engine.model.save_pretrained(folder)
     engine.tokenizer.save_pretrained(folder)
+    command = [*DEEPDIVE, "serve", "engine", "--model", str(folder), "--port", "0"]
     process = subprocess.Popen(
-        [*DEEPDIVE, "serve", "engine", "--model", str(folder), "--host", "0.0.0.0", "--port", "0"],
+        [*command, "--host", "127.0.0.1"],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, TOKEN_ENV: TOKEN},

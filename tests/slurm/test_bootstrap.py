@@ -19,7 +19,7 @@ import submitit
 from deepdive.rollout_settings import RolloutSettings
 from services.serving.workers import MAX_DEFAULT_WORKERS
 from slurm.backends import build_backend
-from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled, node_ip
+from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled
 from slurm.cadence import LONG_POLL_S
 from slurm.config import load_experiment
 from slurm.environment import CpuGrant, NodeInfo, current_node
@@ -290,7 +290,8 @@ def test_node_0_publishes_the_heads_address_before_its_ray_is_up(tmp_path: Path)
         assert bootstrap.ray is not None
         head = orjson.loads(attempt.head.read_bytes())
         gcs = bootstrap.ray.ports.ray_gcs  # where the head's GCS listens: the address joined
-        assert head == {"address": f"{node_ip()}:{gcs}"}
+        # cluster-tiny's bootstrap.node_address: the head on loopback, on this host
+        assert head == {"address": f"127.0.0.2:{gcs}", "host": "host"}
         assert f"--port={gcs}" in bootstrap.ray.command()
     finally:
         write_json(attempt.end, {"stopped": "test"})

@@ -94,7 +94,8 @@ def test_serve_tools_help_documents_providers_and_keys() -> None:
 
 def test_exposing_without_a_token_is_refused(corpus_file: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DEEPDIVE_SERVICE_TOKEN"}
-    result = run("serve", "tools", "--host", "0.0.0.0", "--corpus", str(corpus_file), env=env)
+    # TEST-NET-2, on no interface here: refused before anything is bound
+    result = run("serve", "tools", "--host", "198.51.100.1", "--corpus", str(corpus_file), env=env)
     assert result.returncode == 2
     assert "DEEPDIVE_SERVICE_TOKEN" in result.stderr
     assert "Traceback" not in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -19,9 +20,12 @@ import pytest
 from slurm.run_folder import AttemptFolder
 from tests.helpers import (
     DEEPDIVE,
+    descendants,
     job_fields,
     job_left_queue,
+    listening_sockets,
     newest_checkpoint,
+    on_loopback,
     processes_of_job,
     submitted_job_id,
     tiny_job,
@@ -58,6 +62,15 @@ except Exception as error:
 CANARY_KEY = "serper-canary-7f3e9a41c2b8d605"
 CANARY_TOKEN = "service-token-canary-51c0ffee9e2d"
 JOB_TIMEOUT_S = 300
+# What Ray 2.60 listens on at every address whatever --node-ip-address says: its C++ gRPC
+# servers (src/ray/rpc/grpc_server.cc binds "0.0.0.0:" + port unless a server asks for
+# localhost, which the GCS, the raylet and the core workers never do) and the autoscaler
+# monitor's metrics (autoscaler/_private/monitor.py: localhost only for a head at 127.0.0.1,
+# the address `ray start` replaces with the host's). No setting moves them; anything else the
+# job listens on must be on loopback (bootstrap.node_address, services.host).
+RAY_WILDCARD_PORTS = ("ray_gcs", "ray_node_manager", "ray_object_manager")
+AUTOSCALER_METRICS_PORT = 44217  # ray.autoscaler._private.constants.AUTOSCALER_METRIC_PORT
+WILDCARDS = ("0.0.0.0", "::")
 
 
 def deepdive(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -100,6 +113,37 @@ def weights(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(folder / "model.safetensors"))
+
+
+def ray_wildcard_ports(attempt: Path, nodes: int) -> set[int]:
+    """The ports of the nodes' plans that Ray itself binds on every address (above)."""
+    found = {AUTOSCALER_METRICS_PORT}
+    for node in range(nodes):
+        ports = note(attempt / f"node-{node}.json")["ports"]
+        found |= {ports[name] for name in RAY_WILDCARD_PORTS}
+        found |= set(range(ports["ray_min_worker"], ports["ray_max_worker"] + 1))
+    return found
+
+
+def listeners_of_job(job_id: str) -> list[tuple[str, str, int]]:
+    """(process, address, port) of every TCP socket the job listens on: its processes (srun's
+    too) and each node's bootstrap's descendants (Ray's among them: a process that sets its
+    title, as Ray's agents do, no longer shows its environment)."""
+    members: set[int] = set()
+    for line in processes_of_job(job_id):
+        pid, command = line.split(": ", 1)
+        members.add(int(pid))
+        if "submitit.core._submit" in command and not command.startswith("srun "):
+            members.update(descendants(int(pid)))
+    found = []
+    for member in sorted(members):
+        try:
+            title = Path(f"/proc/{member}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # it ended meanwhile
+            continue
+        for host, port in listening_sockets(member):
+            found.append((title.decode(errors="replace")[:80], host, port))
+    return found
 
 
 def every_file(root: Path) -> list[Path]:
@@ -363,6 +407,22 @@ def test_cancelling_a_run_ends_its_job_and_leaves_nothing_running(
         timeout=180,
     )
     assert "driver saw ActorDiedError" in driver.stdout, driver.stdout + driver.stderr
+    # every socket the job listens on is on loopback (cluster-tiny's bootstrap.node_address
+    # and services.host), read from the kernel's tables for the job's processes: Ray's node
+    # address (its runtime env agent listened on this host's interface before), the services
+    listening = listeners_of_job(job_id)
+    ready = [note(attempt / f"node-{node}.json") for node in (0, 1)]
+    ports = {port for _, _, port in listening}
+    for node in ready:  # the sampler saw the servers: Ray's, the services' (every worker)
+        assert node["ray"].rsplit(":", 1)[1] in {str(port) for port in ports}, listening
+        assert {node["ports"]["reward"], node["ports"]["ray_runtime_env_agent"]} <= ports, listening
+    ray_own = ray_wildcard_ports(attempt, 2)
+    beyond = [
+        item
+        for item in listening
+        if not on_loopback(item[1]) and not (item[1] in WILDCARDS and item[2] in ray_own)
+    ]
+    assert not beyond, beyond
     cancelled = deepdive("cancel", str(run), env=job_env)
     assert cancelled.returncode == 0 and f"cancelled job {job_id}" in cancelled.stdout
     wait_until(lambda: job_left_queue(job_id, job_env), 60, "the cancelled job to end")
@@ -410,3 +470,15 @@ def test_a_node_whose_bootstrap_is_killed_is_named_and_leaves_nothing_running(
     assert "FAILED    node 1 during serving: it ended without a word" in status.stdout
     assert not ray_temp_dirs(job_id)  # node 1's Ray ended with its keeper
     wait_until(lambda: not processes_of_job(job_id), 30, "the job's processes to be gone")
+
+
+def test_the_test_clusters_slurm_listens_on_loopback(slurm_env: dict[str, str]) -> None:
+    """slurmctld and each slurmd bind 127.0.0.1 (scripts/local-slurm.sh: NoInAddrAny, where
+    this host's name resolves there), not every address; srun's are checked with a job's."""
+    if socket.gethostbyname(socket.gethostname()) != "127.0.0.1":
+        pytest.skip("this host's name does not resolve to 127.0.0.1: Slurm binds every address")
+    pid_files = sorted((Path(slurm_env["DEEPDIVE_SLURM_DIR"]) / "slurm" / "run").glob("*.pid"))
+    assert len(pid_files) == 3, pid_files  # slurmctld, slurmd-n1, slurmd-n2
+    listening = {path.name: listening_sockets(int(path.read_text())) for path in pid_files}
+    assert all(listening.values()), listening
+    assert all(on_loopback(host) for found in listening.values() for host, _ in found), listening

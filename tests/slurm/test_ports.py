@@ -103,7 +103,7 @@ def test_no_free_block_is_a_clear_error() -> None:
             # held whatever its state (a port of an earlier test may linger in TIME_WAIT)
             holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                holder.bind(("0.0.0.0", plan.ray_gcs))
+                holder.bind(("127.0.0.1", plan.ray_gcs))  # the probe binds every address
                 holder.listen()
             except OSError as error:  # another process on this shared host holds it: taken
                 if error.errno != errno.EADDRINUSE:

@@ -59,7 +59,7 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
     ports = free_ports(TINY_RANGE)
     bootstrap.ray = RayNode(
         node=0,
-        node_ip="127.0.0.1",
+        node_ip=bootstrap.address,  # cluster-tiny's loopback one (Ray rewrites 127.0.0.1)
         ports=ports,
         head_address=None,
         temp_dir=Path("/tmp") / f"dd-test-{os.getpid()}",  # Unix sockets: 107 bytes

@@ -1,6 +1,7 @@
 """Each node's services bind the node's own cluster address by default, never every interface
-(0.0.0.0), unless a config asks: the default resolves on the node to the address Ray uses, and
-no shipped config binds a wildcard."""
+(0.0.0.0), unless a config asks: the default resolves on the node to the address Ray uses
+(bootstrap.node_address: the default route's, or the loopback address a config pins), and no
+shipped config binds a wildcard."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm.bootstrap import NodeBootstrap, node_ip
+from services.base.errors import ConfigError
+from slurm.bootstrap import NodeBootstrap
 from slurm.config import NODE_ADDRESS, ExperimentConfig, load_experiment
 from slurm.environment import NodeInfo
+from slurm.network import ROUTE, node_address, route_address
+from slurm.phases import NodeFailed
 from slurm.ports import plan_node_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,8 +34,9 @@ def test_no_shipped_config_binds_every_interface(path: Path) -> None:
 
 
 def test_a_node_binds_its_services_to_its_own_address(tmp_path: Path, corpus_file: Path) -> None:
-    """The bootstrap's services phase, without a cluster: host "node" becomes this machine's
-    cluster address (a token is then required, and given, as on a real node)."""
+    """The bootstrap's services phase, without a cluster: host "node" becomes the node's
+    address, here cluster-tiny's loopback one (bootstrap.node_address), so the test listens on
+    loopback only; with "route" it is the default route's (below)."""
     tools = f'{{search="offline", reader="offline", corpus="{corpus_file}", index_cache=false}}'
     overrides = [
         f'run.folder="{tmp_path / "run"}"',
@@ -48,8 +53,50 @@ def test_a_node_binds_its_services_to_its_own_address(tmp_path: Path, corpus_fil
         urls = {service.name: service.wait_ready() for service in bootstrap.services}
     finally:
         bootstrap._stop_children()
-    address = node_ip()
+    address = "127.0.0.2"  # cluster-tiny's bootstrap.node_address
+    assert bootstrap.address == address
     assert urls == {
         "tools": f"http://{address}:{ports.tools}",
         "reward": f"http://{address}:{ports.reward}",
     }
+
+
+def test_the_node_address_is_the_default_routes_unless_a_config_pins_a_loopback_one() -> None:
+    assert ExperimentConfig().bootstrap.node_address == ROUTE
+    assert node_address(ROUTE) == route_address()
+    assert node_address("127.0.0.2") == "127.0.0.2"
+    assert load_experiment(TINY).bootstrap.node_address == "127.0.0.2"
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("10.0.0.7", "a loopback IPv4 address"),  # every node's address: reachable on none
+        ("node-1", "a loopback IPv4 address"),
+        ("::1", "a loopback IPv4 address"),
+        ("127.0.0.1", "ray start` replaces 127.0.0.1"),  # Ray would use the host's interface
+    ],
+)
+def test_a_node_address_ray_or_the_other_nodes_cannot_use_is_refused(value: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=r"bootstrap\.node_address") as error:
+        load_experiment(TINY, [f'bootstrap.node_address="{value}"'])
+    assert why in error.value.message
+
+
+def test_a_node_on_another_host_than_the_head_fails_at_once_with_a_loopback_address(
+    tmp_path: Path,
+) -> None:
+    """Loopback is reached from its own host only: a node elsewhere fails naming the setting,
+    not after join_timeout_s spent waiting for a head it cannot reach."""
+    config = load_experiment(TINY, [f'run.folder="{tmp_path / "run"}"'])
+    elsewhere = NodeBootstrap(config, NodeInfo("424244", 1, 2, "host-b", "n2", 0, cpus=1))
+    elsewhere._check_on_the_heads_host("host-b")  # the head's host: fine
+    with pytest.raises(NodeFailed, match=r'set bootstrap\.node_address = "route"') as failure:
+        elsewhere._check_on_the_heads_host("host-a")
+    assert (failure.value.node, failure.value.phase) == (1, "launch")
+    routed = load_experiment(
+        TINY, [f'run.folder="{tmp_path / "run"}"', 'bootstrap.node_address="route"']
+    )
+    NodeBootstrap(
+        routed, NodeInfo("424244", 1, 2, "host-b", "n2", 0, cpus=1)
+    )._check_on_the_heads_host("host-a")

@@ -153,6 +153,7 @@ def submit(cluster: TwoHosts, name: str, steps: int) -> tuple[str, Path]:
         *("--set", "container.nv=false"),  # no GPU driver to bring in
         *("--set", f"container.binds={json.dumps(binds)}"),
         *("--set", 'services.host="0.0.0.0"'),  # answer the other node (the token guards it)
+        *("--set", 'bootstrap.node_address="route"'),  # two hosts: not cluster-tiny's loopback
         *("--set", f'services.env_file="{KEYS}"'),
         user=USER,
     )

@@ -5,8 +5,11 @@ a saturated loop takes a tenth of a second or more, so at 1,024 busy sessions on
 connection waited 6.6 s in the kernel's accept queue at the median (issue 27; docs/services.md):
 the queue grows by every arrival while the existing sessions are served. Here the socket is read
 directly: on each readiness, accept until the kernel has none left (at most `backlog`), and hand
-each socket to the loop's `connect_accepted_socket` in a task (one pass later; 62c9c25 drove
-that coroutine by hand through a private asyncio attribute, for no measurable gain).
+each socket to the loop's `connect_accepted_socket`, whose coroutine is driven from this pass
+on, not in a task that starts a pass later: a saturated pass is what a new session's first call
+would pay once more (benchmarks/new_sessions.py, against a task: its p50 1.0-1.6x the existing
+sessions' p50, driven 0.8-1.05x). Only public protocols: the coroutine's `send` and the yielded
+future's `add_done_callback` (62c9c25 also set a private asyncio attribute, which nothing needs).
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import asyncio
 import errno
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from services.base.logs import log_event
 
@@ -42,7 +46,6 @@ class Acceptor:
         self.sock = sock
         self.factory = factory
         self.backlog = backlog
-        self._connecting: set[asyncio.Task[object]] = set()  # the loop keeps weak references
         self._reading = False
         self._stopped = False
 
@@ -82,18 +85,24 @@ class Acceptor:
 
     def _connect(self, conn: socket.socket) -> None:
         conn.setblocking(False)
+        self._step(self.loop.connect_accepted_socket(self.factory, conn), conn)
+
+    def _step(self, connecting: Coroutine[Any, Any, object], conn: socket.socket) -> None:
+        """Run `connect_accepted_socket` from this pass on, not in a task that starts a pass
+        later: its first step builds the transport and schedules `connection_made`; then it
+        waits for that, and nothing awaits its result. Resumed as a task would be: when the
+        future it yielded is done, or on the next pass after a bare yield."""
         try:
-            task = self.loop.create_task(self.loop.connect_accepted_socket(self.factory, conn))
-        except RuntimeError:  # the loop is closing
+            awaited = connecting.send(None)
+        except StopIteration:
+            return
+        except (Exception, asyncio.CancelledError):  # the client left first, or the loop refused it
             conn.close()
             return
-        self._connecting.add(task)
-        task.add_done_callback(lambda done: self._connected(done, conn))
-
-    def _connected(self, task: asyncio.Task[object], conn: socket.socket) -> None:
-        self._connecting.discard(task)
-        if task.cancelled() or task.exception() is not None:
-            conn.close()  # the client left first, or the loop refused the socket
+        if isinstance(awaited, asyncio.Future):
+            awaited.add_done_callback(lambda _: self._step(connecting, conn))
+        else:
+            self.loop.call_soon(self._step, connecting, conn)
 
     def _pause(self, exc: OSError) -> None:
         log_event(

@@ -11,13 +11,15 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from services.base.errors import RuntimeFailure
+
 # main before issue 17 (the figures docs/benchmarks.md records were measured against it)
 BASELINE_COMMIT = "c98b67c"
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ROOT / ".cache" / "baseline"
 
 
-class NoBaseline(RuntimeError):
+class NoBaseline(RuntimeFailure):
     """The checkout cannot make the baseline tree (no git history, or the commit is missing)."""
 
 

@@ -31,7 +31,7 @@ from deepdive.rollout_settings import arg_name, settings_from_args
 from deepdive.sample import status_name
 from deepdive.tool_errors import check_tool_error_share, tool_error_counts, tool_error_metrics
 from deepdive.trajectory_recorder import record_rollout
-from services.base.errors import DeepDiveError, UpstreamBadResponse
+from services.base.errors import DeepDiveError, RuntimeFailure, UpstreamBadResponse
 from services.base.logs import log_event
 from services.http import UpstreamReply
 
@@ -95,7 +95,7 @@ def keep_out_of_training(sample: Any) -> None:
     sample.loss_mask = [0] * sample.response_length
 
 
-class RolloutAborted(RuntimeError):
+class RolloutAborted(RuntimeFailure, RuntimeError):
     """More of a rollout's episodes aborted than `max_aborted_share` allows: SGLang is
     refusing or failing requests, and training on what is left would hide it."""
 

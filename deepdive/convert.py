@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from deepdive.protocol import SYSTEM_PROMPT, TOOL_SCHEMAS
+from services.base.errors import ConfigError
 from services.base.files import partial_path, publish, remove
 from services.base.text import plain_words
 
@@ -34,7 +35,7 @@ TOOL_KEY = "tools"
 METADATA_KEY = "metadata"
 
 
-class ConversionError(Exception):
+class ConversionError(ConfigError):
     """The input cannot be converted (unreadable file, or a bad row under --strict)."""
 
 

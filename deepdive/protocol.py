@@ -29,7 +29,46 @@ from typing import Any, Protocol
 
 import orjson
 
-from services.base.errors import RequestError, UpstreamBadResponse
+from services.base.errors import RequestError, ToolError, UpstreamBadResponse
+
+__all__ = [
+    "BROWSING_TOOLS",
+    "COMPACT_SYSTEM_PROMPT",
+    "FINISH",
+    "MISSING",
+    "NO_RESULTS",
+    "OBSERVATION_CLOSE",
+    "OBSERVATION_OPEN",
+    "PAGE_CHARS",
+    "SYSTEM_PROMPT",
+    "SYSTEM_PROMPTS",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "TOOL_ERROR_KINDS",
+    "TOOL_NAMES",
+    "TOOL_SCHEMAS",
+    "TOOL_SERVER_FAILED",
+    "Failure",
+    "ProtocolError",
+    "RewardReply",
+    "RewardRequest",
+    "ToolCall",
+    "ToolReply",
+    "ToolRequest",
+    "find_tool_calls",
+    "format_observation",
+    "format_page",
+    "format_results",
+    "format_tool_call",
+    "json_kind",
+    "model_text",
+    "parse_tool_call_body",
+    "reward_labels",
+    "split_pages",
+    "strip_end_markers",
+    "tool_error_kind",
+    "validate_arguments",
+]
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -149,7 +188,7 @@ COMPACT_SYSTEM_PROMPT = (
 SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "compact": COMPACT_SYSTEM_PROMPT}
 
 
-class ProtocolError(ValueError):
+class ProtocolError(ToolError):
     """A tool call that breaks the protocol. `code` is machine-readable; the message is for the model."""
 
     def __init__(self, code: str, message: str) -> None:

@@ -31,6 +31,25 @@ from services.base.errors import ConfigError
 from services.base.logs import log_event
 from services.base.typed_config import positive
 
+__all__ = [
+    "EVAL_LOG_FUNCTION_PATH",
+    "GENERATE_FUNCTION_PATH",
+    "NODES",
+    "REWARD_FUNCTION_PATH",
+    "REWARD_POST_PROCESS_PATH",
+    "ROLLOUT_LOG_FUNCTION_PATH",
+    "TOKENIZER_ARG",
+    "TRAJECTORY_DIR_ARG",
+    "RolloutKnobs",
+    "RolloutSettings",
+    "arg_name",
+    "endpoint_base",
+    "rollout_args",
+    "settings_from_args",
+    "slime_custom_config",
+    "trajectory_dir",
+]
+
 logger = logging.getLogger("deepdive.rollout_settings")
 
 OnMalformed = Literal["fail", "continue"]

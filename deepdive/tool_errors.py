@@ -22,6 +22,7 @@ from typing import Any
 from deepdive.messages import most_said
 from deepdive.protocol import BROWSING_TOOLS, TOOL_ERROR_KINDS
 from deepdive.rollout_settings import arg_name
+from services.base.errors import RuntimeFailure
 from services.base.logs import log_event
 
 logger = logging.getLogger("deepdive.tool_errors")
@@ -36,7 +37,7 @@ SLIME_TOOL_HINTS = (
 )
 
 
-class ToolsFailing(RuntimeError):
+class ToolsFailing(RuntimeFailure, RuntimeError):
     """More of a rollout's tool calls failed than `max_tool_error_share` allows: the search
     or page upstreams are failing, and training on their error observations would hide it."""
 

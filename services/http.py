@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import errno
 import functools
 import logging
 import random
@@ -52,6 +53,20 @@ from services.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge,
 
 if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus
     from services.metrics import ServiceMetrics
+
+__all__ = [
+    "ErrorClassifier",
+    "MismatchedReply",
+    "RetryPolicy",
+    "Upstream",
+    "UpstreamProvider",
+    "UpstreamReply",
+    "UpstreamSettings",
+    "decode_json_object",
+    "echoed_query",
+    "only_2xx",
+    "parse_retry_after",
+]
 
 logger = logging.getLogger("deepdive.upstream")
 redact_third_party_loggers()
@@ -162,18 +177,38 @@ _TRANSPORT_WORDS: tuple[tuple[type[BaseException], str], ...] = (
     (ConnectionResetError, "the connection was reset"),
     (aiohttp.ClientConnectionError, "the connection failed"),
     (aiohttp.InvalidURL, "the URL is not valid"),
-    (aiohttp.ClientHttpProxyError, "the proxy refused the request (HTTPS_PROXY)"),
     (aiohttp.ClientResponseError, "the server sent a malformed response"),
 )
 
 
+# Why a connect failed, from the socket's errno: what tells a closed port from a node without
+# a route out (`unshare -n`: ENETUNREACH) when an egress probe fails (slurm/egress.py).
+_SOCKET_REASONS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ENETUNREACH: "network unreachable",
+    errno.EHOSTUNREACH: "no route to host",
+    errno.ECONNRESET: "connection reset",
+}
+
+
 def transport_failure(exc: BaseException) -> str:
-    """Plain words for a transport failure; the exception's type name for one not foreseen."""
+    """Plain words for a transport failure; the exception's type name for one not foreseen. A
+    name that does not resolve says which, a proxy's refusal its status, a refused or
+    unroutable connect why: the kinds a site's egress fails in."""
     if isinstance(exc, PlainHttpError):
         return exc.words
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):  # the proxy's own name, too
+        return f"could not resolve the host name {exc.host} (DNS)"
+    if isinstance(exc, aiohttp.ClientHttpProxyError):  # CONNECT answered with another status
+        return f"the proxy refused the request (HTTP {exc.status}, HTTPS_PROXY)"
     for kind, words in _TRANSPORT_WORDS:
         if isinstance(exc, kind):
-            return words
+            reason = None
+            if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(
+                exc, aiohttp.ClientSSLError
+            ):
+                reason = _SOCKET_REASONS.get(exc.os_error.errno or 0)
+            return f"{words}: {reason}" if reason else words
     return type(exc).__name__
 
 
@@ -461,6 +496,13 @@ class Upstream:
             raise special
         if status in _AUTH_STATUSES:
             raise self._auth_error(status)
+        if status == 407:  # only a proxy sends it (an http:// URL asked through one)
+            self._count_error("proxy")
+            raise UpstreamUnavailable(
+                self.name,
+                "HTTP 407: the proxy refused the request, it wants credentials (the "
+                "user:password in HTTPS_PROXY / HTTP_PROXY)",
+            )
         if status == 429:
             retry_after = parse_retry_after(reply.headers.get("retry-after"))
             return UpstreamRateLimited(self.name, "HTTP 429 (rate limited)"), retry_after

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from services.serving.connections import ConnectionGuard
+from services.serving.connections import REASONS, ConnectionGuard
 from services.serving.heap import GcCollector
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # the *_created series double the output and nobody reads them
@@ -128,7 +128,8 @@ class ServiceMetrics:
 
 class _ConnectionCollector(Collector):
     """`<prefix>_connections_open`, `_connections_refused_total{reason}` (server_full,
-    client_share) and `_connections_timed_out_total{phase}` (headers, body), from the guard."""
+    client_share, reserved), `_connections_timed_out_total{phase}` (headers, body) and
+    `_connections_evicted_total`, from the guard."""
 
     def __init__(self, prefix: str, guard: ConnectionGuard) -> None:
         self.prefix = prefix
@@ -142,11 +143,12 @@ class _ConnectionCollector(Collector):
         )
         refused = CounterMetricFamily(
             f"{self.prefix}_connections_refused",
-            "Connections closed unread on arrival: server_full (max connections open) or "
-            "client_share (that client address held its share already).",
+            "Connections closed unread on arrival: server_full (max connections open), "
+            "client_share (that client address held its share already) or reserved (only "
+            "the part kept for addresses with few connections was left).",
             labels=["reason"],
         )
-        for reason in ("server_full", "client_share"):
+        for reason in REASONS:
             refused.add_metric([reason], self.guard.refused[reason])
         yield refused
         timed_out = CounterMetricFamily(
@@ -158,3 +160,9 @@ class _ConnectionCollector(Collector):
         for phase in ("headers", "body"):
             timed_out.add_metric([phase], self.guard.timed_out[phase])
         yield timed_out
+        yield CounterMetricFamily(
+            f"{self.prefix}_connections_evicted",
+            "Connections that had not sent a byte, closed to admit an address within its "
+            "share while their own address held more than its share.",
+            value=self.guard.evicted,
+        )

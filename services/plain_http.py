@@ -29,6 +29,16 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from services.base.errors import ServingError
+
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "PlainHttpError",
+    "PlainHttpPool",
+    "ResponseTooLarge",
+    "check_header",
+]
+
 # aiohttp's own limits are 8,190 bytes a line and 32,768 fields; a reply of ours or SGLang's has
 # a head of a few hundred bytes. Beyond these the reply is refused, not read further.
 MAX_HEAD_BYTES = 65_536
@@ -36,7 +46,7 @@ MAX_HEADERS = 128
 MAX_INTERIM_REPLIES = 8  # 100 Continue, 103 Early Hints: skipped, but not without end
 
 
-class PlainHttpError(ConnectionError):
+class PlainHttpError(ServingError):
     """The connection failed or the server broke HTTP; `Upstream` retries it as a transport
     failure. `words` say what happened in plain language."""
 
@@ -45,7 +55,7 @@ class PlainHttpError(ConnectionError):
         self.words = words
 
 
-class ResponseTooLarge(Exception):
+class ResponseTooLarge(ServingError):
     """The reply's body passed the caller's byte cap (the connection is dropped)."""
 
 
@@ -105,7 +115,7 @@ class _Connection(asyncio.Protocol):
         if self._error is not None:
             self._fail(self._error)
         elif self._overflow:
-            self._fail(ResponseTooLarge())
+            self._fail(ResponseTooLarge("the reply's body passed the caller's byte cap"))
         elif head_before and not self._headers_done and self._in_flight:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:

@@ -8,7 +8,9 @@
                            soon as they read it), the backend's data (node 0 writes it; the
                            others wait for it), the backend's services (tool server, reward
                            server), and on node 0 a trainer that starts early
-                 services  until the services answer /ready (they start faster than Ray)
+                 services  until the services answer /ready (they start faster than Ray);
+                           a tool server on the internet then makes one real search and one
+                           real read (slurm/egress.py), or the node fails naming the upstream
                  ray       until the node's Ray is up (the head, or joined to it)
     node 0       join      every node ready (Ray up, services answering) before the deadline
                  training  the backend's trainer as a child process; its exit code is the job's
@@ -56,9 +58,10 @@ from services.base.process import ServiceProcess, child_preexec, terminate
 from services.base.secrets import TOKEN_ENV, load_env_file
 from services.base.waiting import wait_for
 from slurm import requeue
-from slurm.backends import Backend, build_backend
+from slurm.backends import Backend, ServiceSpec, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
 from slurm.config import NODE_ADDRESS, ExperimentConfig
+from slurm.egress import ProbeResult, Upstreams, probe_egress
 from slurm.environment import NodeInfo, current_node
 from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
@@ -147,6 +150,7 @@ class NodeBootstrap:
         self.backend: Backend = build_backend(config)
         self.phases = PhaseLog(self.attempt.phases(node.node), node.node, node.attempt)
         self.services: list[ServiceProcess] = []
+        self.service_specs: dict[str, ServiceSpec] = {}
         self.ray: RayNode | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
         self.terminating = False
@@ -229,10 +233,7 @@ class NodeBootstrap:
         # the services first: they are up before Ray, and what checking them costs (an HTTP
         # client's import, a request each) is then spent while Ray still starts
         with self.phases.phase("services"):
-            urls = {
-                service.name: reachable(service.wait_ready(check=self._check), node_ip())
-                for service in self.services
-            }
+            urls = self._services_ready()
         with self.phases.phase("ray"):
             assert self.ray is not None
             self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
@@ -370,7 +371,60 @@ class NodeBootstrap:
                 port=first,
             )
             self.services.append(service)
+            self.service_specs[spec.name] = spec
             service.launch()
+
+    def _services_ready(self) -> dict[str, str]:
+        """Every service answering /ready, then a tool server on the internet probed (one real
+        search and one real read: slurm/egress.py): the services' URLs other nodes use."""
+        urls = {
+            service.name: reachable(service.wait_ready(check=self._check), node_ip())
+            for service in self.services
+        }
+        for service in self.services:
+            spec = self.service_specs[service.name]
+            if spec.service == "tools":
+                self._probe_egress(service, Upstreams.of(spec.config))
+        return urls
+
+    def _probe_egress(self, service: ServiceProcess, upstreams: Upstreams) -> None:
+        """The probe in a thread, this node watching its children and the other nodes' notes
+        while it waits (a search may take seconds; a dead upstream, its retries)."""
+        if upstreams.offline:
+            reason = "the offline world answers from its own corpus: nothing leaves the cluster"
+            self.phases.record("egress_probe", "skipped", service=service.name, reason=reason)
+            return
+        if not self.config.services.egress_probe:
+            reason = "services.egress_probe = false"
+            self.phases.record("egress_probe", "off", service=service.name, reason=reason)
+            return
+        environment = {**os.environ, **(service.environment or {})}
+        outcome: list[ProbeResult | BaseException] = []
+
+        def probe() -> None:
+            try:
+                outcome.append(
+                    probe_egress(
+                        service.urls[0],
+                        upstreams,
+                        session=f"egress-probe-{self.node.attempt}-node-{self.node.node}",
+                        timeout_s=self.config.services.ready_timeout_s,
+                        token=environment.get(TOKEN_ENV),
+                        environment=environment,
+                    )
+                )
+            except BaseException as error:  # raised below, in the phase
+                outcome.append(error)
+
+        thread = threading.Thread(target=probe, name="egress-probe", daemon=True)
+        thread.start()
+        wait_for(
+            lambda: bool(outcome), timeout_s=FOREVER, what="the egress probe", check=self._check
+        )
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        self.phases.record("egress_probe", "passed", service=service.name, **result.detail())
 
     def _join(self) -> None:
         """Every node ready (its Ray joined, its services answering): what the trainer is

@@ -163,13 +163,16 @@ class ServicesTable:
     ([services.tools], [services.reward]: ServiceTable), checked as the service reads its
     config file when the experiment loads.
     tool_workers: the tool server's worker processes on each node, each on its own port of the
-    node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers)."""
+    node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers).
+    egress_probe: a tool server on the internet makes one real search and one real read at
+    each node's start, failing the node naming the upstream (slurm/egress.py); false: none."""
 
     host: str = NODE_ADDRESS
     env_file: str = ""
     ready_timeout_s: float = 120.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     tool_workers: int = 0
+    egress_probe: bool = True
     # the slime backend's servers, each a table of its config file (the local backend serves
     # its own world): e.g. [services.tools] search = "serper", reader = "jina"; an empty
     # table runs the service's defaults (offline search and reader, the rule judge)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.base.errors import ConfigError
+from services.base.errors import ConfigError, RuntimeFailure
 
 REVISION = "org.opencontainers.image.revision"
 VERSION = "org.opencontainers.image.version"
@@ -33,7 +33,7 @@ PACKAGE = "deepdive-slurm"
 LAUNCHER = Path(__file__).resolve().parent.parent  # a checkout's root, or site-packages
 
 
-class LabelsUnreadable(Exception):
+class LabelsUnreadable(RuntimeFailure):
     """The image's labels could not be read; the sentence says why."""
 
 

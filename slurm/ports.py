@@ -17,6 +17,8 @@ import socket
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from services.base.errors import RuntimeFailure
+
 LOW = 20_000
 HIGH = 32_000  # exclusive; below the ephemeral range
 BLOCK = 64
@@ -98,8 +100,8 @@ class NodePorts:
         return list(range(first, first + count))
 
 
-class PortsUnavailable(RuntimeError):
-    pass
+class PortsUnavailable(RuntimeFailure):
+    """No free span of ports on the node, or a service with more workers than its range."""
 
 
 def worker_ports_needed(cpus: int, gpus: int) -> int:

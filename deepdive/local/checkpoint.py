@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from services.base.errors import RuntimeFailure
 from services.base.files import fsync
 from services.base.logs import log_event
 
@@ -43,7 +44,7 @@ STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 
 
-class _Unloadable(Exception):
+class _Unloadable(RuntimeFailure):
     """Why a checkpoint folder cannot be loaded (its message goes to the log)."""
 
 

@@ -7,7 +7,8 @@ checks that this drawing is exactly the tree the code defines.
 
 DeepDiveError
 ├── ConfigError                 bad input the user must fix: a config value, an option, a file
-│                               the command names (found before anything starts)
+│   │                           the command names (found before anything starts)
+│   └── ConversionError         a QA file `deepdive convert` cannot convert (deepdive/convert.py)
 ├── ItemFailed                  a bug of ours met while evaluating one item: that item scores 0,
 │                               its batch keeps the others' rewards, the bug is logged
 ├── ServingError                what a request to the HTTP services, or a call they make, ends in
@@ -15,6 +16,8 @@ DeepDiveError
 │   │   ├── InvalidJSON         the body is not JSON  -> HTTP 400
 │   │   ├── PayloadTooLarge     the body is over the configured limit  -> HTTP 413
 │   │   └── ClientDisconnected  the client left before its body was complete (services/web.py)
+│   ├── PlainHttpError          a plain http:// hop failed: Upstream retries (services/plain_http.py)
+│   ├── ResponseTooLarge        a plain http:// reply passed the byte cap (services/plain_http.py)
 │   └── ToolError               a tool call failed in a way the *model* should read -> HTTP 200
 │       ├── InvalidArguments    arguments of the wrong shape or type
 │       ├── UnknownTool         a tool name the server does not offer
@@ -25,6 +28,7 @@ DeepDiveError
 │       ├── ContentBlocked      the leakage filter or the domain blocklist refused the page
 │       ├── URLRejected         the URL guard refused the URL (scheme, private address, ...)
 │       ├── DeadlineExceeded    the tool call ran past its total deadline
+│       ├── ProtocolError       a call that breaks the tool-call syntax (deepdive/protocol.py)
 │       └── UpstreamError       a search/reader provider, the judge or SGLang failed
 │           ├── UpstreamAuthError       401/402/403: a key missing, wrong or out of credit
 │           ├── UpstreamRateLimited     429 after every retry
@@ -44,7 +48,16 @@ DeepDiveError
     ├── SGLangStartError        SGLang did not start (slurm/backends/slime/sglang_server.py)
     ├── ConversionFailed        a checkpoint conversion failed (slurm/backends/slime/conversion.py)
     ├── NodeFailed              a node could not do its part (slurm/phases.py)
-    └── SmokeFailed             a GPU smoke job failed or left no report (slurm/smoke/job.py)
+    ├── EgressFailed            a node cannot reach an upstream (slurm/egress.py)
+    ├── SmokeFailed             a GPU smoke job failed or left no report (slurm/smoke/job.py)
+    ├── NoDriver                nvidia-smi is missing or cannot reach the driver (slurm/smoke/gpus.py)
+    ├── Unavailable             SGLang failed a smoke step's request (slurm/smoke/sglang_step.py)
+    ├── LabelsUnreadable        an image's labels could not be read (slurm/image_labels.py)
+    ├── PortsUnavailable        no free span of ports on a node (slurm/ports.py)
+    ├── RolloutAborted          too many of a rollout's episodes aborted (deepdive/aborts.py)
+    ├── ToolsFailing            too many of a rollout's tool calls failed (deepdive/tool_errors.py)
+    ├── NoBaseline              a benchmark's baseline tree cannot be made (benchmarks/baseline.py)
+    └── _Unloadable             a checkpoint folder is corrupt (deepdive/local/checkpoint.py)
 """
 
 from __future__ import annotations

@@ -24,6 +24,14 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from services.base.errors import ConfigError
 
+__all__ = [
+    "describe",
+    "from_mapping",
+    "load_toml",
+    "positive",
+    "require",
+]
+
 T = TypeVar("T")
 
 

@@ -1,5 +1,6 @@
 """Per-connection limits for our uvicorn servers: slow clients are cut off, open sockets are
-capped, in all and per client address. The policy is here; the hooks in uvicorn's protocol that
+capped, in all and per client address (an even split between the addresses holding any, with a
+reserve for newcomers: `refusal()`). The policy is here; the hooks in uvicorn's protocol that
 apply it are in services/serving/uvicorn_internals.py.
 
 Why in the protocol and not in an ASGI middleware: the app (and its bearer-token check) only
@@ -63,15 +64,25 @@ class ConnectionLimits:
                      4096 leaves room for four while bounding file descriptors (`serve()` raises
                      the soft open-files limit to cover them when the hard limit allows).
     max_connections_per_client
-                     connections one client address may hold (default: half of max_connections,
-                     2048): a node's rollout (1024 per process) fits, and one peer, however
-                     many sockets it opens, leaves the other half to everyone else.
+                     the most one client address may hold however few others there are
+                     (default: half of max_connections, 2048): a node's rollout (1024 per
+                     process) fits. Below it, an address's share is the fair one (`share`).
+    min_connections_per_client
+                     8: what any address may hold however many others there are (a client
+                     with a call and a /health in flight needs 2).
+    reserved_connections
+                     the part of max_connections only addresses holding fewer than
+                     min_connections_per_client may take (default: an eighth, 512): two
+                     addresses re-opening 2,100 idle sockets each had filled the whole cap and
+                     a third address's searches failed 98 %; a newcomer now always finds room.
     """
 
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     max_connections: int = 4096
     max_connections_per_client: int | None = None
+    min_connections_per_client: int = 8
+    reserved_connections: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("header_timeout", "body_timeout"):
@@ -79,12 +90,55 @@ class ConnectionLimits:
         _check_count("max_connections", self.max_connections)
         if self.max_connections_per_client is not None:
             _check_count("max_connections_per_client", self.max_connections_per_client)
+        _check_count("min_connections_per_client", self.min_connections_per_client)
+        reserved = self.reserved_connections
+        if reserved is not None:
+            ok = not isinstance(reserved, bool) and isinstance(reserved, int)
+            ok = ok and 0 <= reserved < self.max_connections
+            require(ok, "reserved_connections", "a whole number below max_connections", reserved)
 
     @property
     def client_share(self) -> int:
-        """Connections one client address may hold: as given, else half the cap."""
+        """The most one client address may hold: as given, else half the cap."""
         given = self.max_connections_per_client
         return given if given is not None else max(1, self.max_connections // 2)
+
+    @property
+    def reserve(self) -> int:
+        """Connections kept for addresses with few: as given, else an eighth of the cap."""
+        given = self.reserved_connections
+        return given if given is not None else self.max_connections // 8
+
+    def share(self, addresses: int) -> int:
+        """What one of `addresses` client addresses may hold: the unreserved connections split
+        evenly, at least the floor, at most `client_share`. With one flooding address per
+        rollout worker, a fixed share times the workers exceeds any cap; an even split does not."""
+        even = (self.max_connections - self.reserve) // max(1, addresses)
+        return min(self.client_share, max(self.min_connections_per_client, even))
+
+
+Reason = Literal["server_full", "client_share", "reserved"]
+REASONS: tuple[Reason, ...] = ("server_full", "client_share", "reserved")
+
+
+def refusal(held: int, open_total: int, addresses: int, limits: ConnectionLimits) -> Reason | None:
+    """Why a new connection from an address holding `held` is refused, or None to admit it.
+    `open_total` is what the server holds now, `addresses` the client addresses holding any,
+    the asking one included.
+
+    server_full   the cap is reached;
+    client_share  the address holds its share (`limits.share(addresses)`) already;
+    reserved      only the reserve is left, and the address holds the floor already: the
+                  reserve is for newcomers, not for addresses whose share just shrank.
+    """
+    if open_total >= limits.max_connections:
+        return "server_full"
+    if held >= limits.share(addresses):
+        return "client_share"
+    unreserved = limits.max_connections - limits.reserve
+    if open_total >= unreserved and held >= limits.min_connections_per_client:
+        return "reserved"
+    return None
 
 
 def _check_seconds(name: str, value: object) -> None:
@@ -150,27 +204,41 @@ class ConnectionGuard:
     cut off (counted for /metrics, reported in batches). Shared by the server's connections, on
     its event loop.
 
-    A connection is refused when the server holds `max_connections` (`server_full`), or when its
-    client address holds its share already (`client_share`): one peer re-opening thousands of
-    idle sockets takes at most its share, and everyone else still gets in."""
+    A connection is refused as `refusal()` says: the cap is reached, its client address holds
+    its share (which shrinks as more addresses connect), or only the reserve kept for addresses
+    with few connections is left: peers re-opening thousands of idle sockets each take at most
+    an even split between them, and a newcomer still gets in.
+
+    When the server is full (or only the reserve is left) and the asking address is within its
+    share, an address holding more than its share gives up its oldest connection that has not
+    sent a byte (`evicted`): many addresses arriving at once exhaust any reserve, and without
+    this the newcomer waited for the header timeout to trim the others (10 s of refusals)."""
 
     def __init__(self, limits: ConnectionLimits, clock: Now = SYSTEM_CLOCK) -> None:
         self.limits = limits
         self.open_total = 0
         self.open_by_client: dict[str, int] = {}
+        # client -> its connections that have not sent a byte yet, oldest first, and how to close
+        self.silent: dict[str, dict[object, Callable[[], None]]] = {}
         self.refused: Counter[str] = Counter()  # reason -> connections refused
         self.timed_out: Counter[str] = Counter()  # phase -> connections cut off
+        self.evicted = 0  # silent connections closed for a client within its share
         self._refusals = BatchedReport("connections_refused", clock=clock)
         self._slow = BatchedReport("slow_clients_closed", clock=clock)
+        self._evictions = BatchedReport("silent_connections_evicted", clock=clock)
 
     def admit(self, client: str | None, schedule: Schedule) -> bool:
         """Whether a new connection from `client` (its address) may open; counted if so."""
         held = self.open_by_client.get(client, 0) if client is not None else 0
-        if self.open_total >= self.limits.max_connections:
-            reason = "server_full"
-        elif held >= self.limits.client_share:
-            reason = "client_share"
-        else:
+        addresses = len(self.open_by_client) + (0 if held else 1)
+        reason = refusal(held, self.open_total, addresses, self.limits)
+        if (
+            reason is not None
+            and refusal(held, self.open_total - 1, addresses, self.limits) is None  # room for one
+            and self._evict_for(client, addresses, schedule)
+        ):
+            reason = None
+        if reason is None:
             self.open_total += 1
             if client is not None:
                 self.open_by_client[client] = held + 1
@@ -181,16 +249,53 @@ class ConnectionGuard:
             schedule,
             open=self.open_total,
             max_connections=self.limits.max_connections,
-            max_per_client=self.limits.client_share,
+            addresses=addresses,
+            share=self.limits.share(addresses),
             last_client=client,
         )
         return False
 
-    def release(self, client: str | None) -> None:
-        """An admitted connection closed."""
+    def _evict_for(self, client: str | None, addresses: int, schedule: Schedule) -> bool:
+        """Close the oldest silent connection of the address most over its share, if any."""
+        share = self.limits.share(addresses)
+        over = [
+            (held, address)
+            for address, held in self.open_by_client.items()
+            if held > share and address != client and self.silent.get(address)
+        ]
+        if not over:
+            return False
+        _, victim = max(over)
+        connections = self.silent[victim]
+        key = next(iter(connections))
+        close = connections.pop(key)
+        self.release(victim, key)
+        close()  # the connection forgets the guard: its connection_lost releases nothing more
+        self.evicted += 1
+        self._evictions.add("over_share", schedule, share=share, last_client=victim)
+        return True
+
+    def hold_silent(self, client: str | None, key: object, close: Callable[[], None]) -> None:
+        """An admitted connection has sent nothing yet: `close()` may end it for a newcomer."""
+        if client is not None:
+            self.silent.setdefault(client, {})[key] = close
+
+    def spoke(self, client: str | None, key: object) -> None:
+        """The connection `key` sent its first bytes: it is a client's, no longer evictable."""
+        if client is None:
+            return
+        connections = self.silent.get(client)
+        if connections is not None:
+            connections.pop(key, None)
+            if not connections:
+                del self.silent[client]
+
+    def release(self, client: str | None, key: object = None) -> None:
+        """An admitted connection closed (or was evicted)."""
         self.open_total -= 1
         if client is None:
             return
+        self.spoke(client, key)
         held = self.open_by_client.get(client, 0) - 1
         if held > 0:
             self.open_by_client[client] = held
@@ -201,6 +306,7 @@ class ConnectionGuard:
         """Write what is counted but not reported yet (the server is stopping)."""
         self._refusals.write()
         self._slow.write()
+        self._evictions.write()
 
     def note_timed_out(self, phase: Phase, client: str | None, schedule: Schedule) -> None:
         """A client too slow with its headers or body was cut off: one of a batch, not a line

@@ -103,6 +103,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     guard: ClassVar[ConnectionGuard]
 
     _admitted = False
+    _counted = False  # in the guard's bookkeeping (an evicted connection leaves it at once)
+    _silent = False  # admitted and not a byte received yet: evictable
     _peer: str | None = None
     _phase: Phase | None = None
     _timer: asyncio.TimerHandle | None = None
@@ -114,20 +116,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             # Before uvicorn counts it or reads a byte: the client's first recv() sees the close.
             transport.close()
             return
-        self._admitted = True
+        self._admitted = self._counted = self._silent = True
         super().connection_made(transport)
         self._arm("headers")
+        self.guard.hold_silent(self._peer, self, self._evict)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._counted:
+            self._counted = False
+            self.guard.release(self._peer, self)
         if self._admitted:  # a refused connection never joined anyone's bookkeeping
             self._admitted = False
-            self.guard.release(self._peer)
             super().connection_lost(exc)
 
+    def _evict(self) -> None:
+        """The guard gave this silent connection's place to a newcomer (it has released it)."""
+        self._counted = self._silent = False
+        self._disarm()
+        self.transport.abort()
+
     def data_received(self, data: bytes) -> None:
-        if not self._admitted:
+        if not self._admitted or not self._counted:
             return
+        if self._silent:
+            self._silent = False
+            self.guard.spoke(self._peer, self)
         idle = self.cycle is None or self.cycle.response_complete
         if self._timer is None and self._phase is None and idle:
             # Bytes between requests: llhttp skips blank lines without starting a message, so

@@ -6,6 +6,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from services.base.errors import RuntimeFailure
+
 QUERY = ("index", "name", "driver_version", "memory.total", "memory.used")
 
 
@@ -18,7 +20,7 @@ class Gpu:
     memory_used_mib: int
 
 
-class NoDriver(RuntimeError):
+class NoDriver(RuntimeFailure):
     """nvidia-smi is missing or cannot reach the driver."""
 
 

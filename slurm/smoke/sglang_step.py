@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from services.base.errors import RuntimeFailure
 from services.base.process import serving_group
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
@@ -38,8 +39,8 @@ PARAMETER = "model.norm.weight"  # replicated on every TP rank: one tensor serve
 MEMORY_FREED = 0.5  # of what SGLang holds: a release that frees less did not work
 
 
-class Unavailable(RuntimeError):
-    pass
+class Unavailable(RuntimeFailure):
+    """SGLang did not start or refused a request of the smoke step."""
 
 
 def server_command(python: str, model: str, tp: int, port: int) -> list[str]:

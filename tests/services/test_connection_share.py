@@ -96,8 +96,10 @@ def test_one_address_holding_many_sockets_leaves_the_others_room() -> None:
         flood = [connect_from(stack, FLOODER, port) for _ in range(cap + 20)]
         turned_away = cap + 20 - cap // 2
         assert closed_by_server(flood, turned_away) == turned_away  # the flooder keeps its half
-        # another address: a burst of connections at once, each answered
-        others = [connect_from(stack, "127.0.0.1", port) for _ in range(cap // 2 - 2)]
+        # another address: a burst of connections at once, each answered, up to what the
+        # flooder left unreserved (40 - 5 reserved - 20 = 15; the reserve is for newcomers)
+        room = cap - limits.reserve - cap // 2
+        others = [connect_from(stack, "127.0.0.1", port) for _ in range(room)]
         for sock in others:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
         for sock in others:
@@ -105,6 +107,30 @@ def test_one_address_holding_many_sockets_leaves_the_others_room() -> None:
         for sock in others:
             sock.close()
         assert health(port) == 200
+
+
+def test_a_newcomer_gets_in_when_a_flooder_over_its_share_filled_the_server() -> None:
+    """The flooder holds every connection (alone, its share was the whole unreserved cap); a
+    second address takes the flooder's oldest silent socket instead of being refused."""
+    limits = ConnectionLimits(
+        max_connections=10,
+        max_connections_per_client=10,
+        min_connections_per_client=1,
+        reserved_connections=0,
+        header_timeout=60,
+    )
+    metrics = ServiceMetrics("probe")
+    with served(limits, metrics) as port, ExitStack() as stack:
+        flood = [connect_from(stack, FLOODER, port) for _ in range(10)]
+        assert closed_by_server(flood, 0) == 0  # all ten admitted
+        newcomer = connect_from(stack, "127.0.0.3", port)
+        newcomer.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert newcomer.recv(64).startswith(b"HTTP/1.1 200")
+        assert closed_by_server(flood, 1) == 1  # one of the flooder's gave way
+        newcomer.close()
+        text = scrape(port)
+    assert metric(text, "deepdive_probe_connections_evicted_total") >= 1
+    assert refused(text, "server_full") == 0
 
 
 def refused(text: str, reason: str) -> float:

@@ -207,7 +207,10 @@ async def test_slow_response_is_cut_at_the_deadline(
 async def test_transport_errors_are_retried_then_reported() -> None:
     settings = UpstreamSettings("http://127.0.0.1:9", retry=FAST, connect_timeout_s=1)
     async with aclosing(Upstream("closed", settings)) as client:
-        with pytest.raises(UpstreamUnavailable, match="closed: could not connect after 4 attempts"):
+        with pytest.raises(
+            UpstreamUnavailable,
+            match="closed: could not connect: connection refused after 4 attempts",
+        ):
             await client.send("GET", "/")
 
 

@@ -1,7 +1,9 @@
 """`make bench`: run every benchmark of today's code, print a table each, save JSON under
-benchmarks/results/ (docs/benchmarks.md lists them). The side-by-side comparison with another
-commit runs only when named: `--only side_by_side [--baseline REF] [--parts tools,rollout]`, as
-does the recorder's cost to the rollout: `--only trajectories [--baseline REF]`."""
+benchmarks/results/ (docs/benchmarks.md lists them). New sessions at 1,024 busy ones run beside
+62c9c25 (`new_sessions`: issue 27's regression stays fixed). The side-by-side comparison with
+another commit runs only when named: `--only side_by_side [--baseline REF] [--parts
+tools,rollout]`, as does the recorder's cost to the rollout: `--only trajectories [--baseline
+REF]`."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from benchmarks import (
     engine,
     job_start,
     local_training,
+    new_sessions,
     node_services,
     reward_server,
     rollout,
@@ -357,6 +360,54 @@ def show_trajectories(console: Console, results: dict[str, Any]) -> None:
     console.print(table)
 
 
+def show_new_sessions(console: Console, results: dict[str, Any]) -> None:
+    base = results["baseline"]
+    within = f"<= {new_sessions.ANSWERED_S:.0f} s"
+    table = Table(
+        title=f"new sessions at {results['sessions']:,} busy sessions (mixed load, back to back, "
+        f"server on one core), this checkout beside {base}, pairs in turn: connect -> first byte "
+        f"of a new connection (one every {new_sessions.PROBE_INTERVAL_S} s), and of "
+        f"{new_sessions.BURST} opened with the load's own"
+    )
+    columns = (
+        "round",
+        "tree",
+        "calls/s",
+        "CPU ms/call",
+        "existing p50 ms",
+        "new p50 ms",
+        "new p99 ms",
+        within,
+        "opened with the load p50 / p99 ms",
+        "accept queue mean",
+    )
+    right_aligned(table, columns)
+    for pair in results["pairs"]:
+        for side in new_sessions.SIDES:
+            run = pair[side]
+            table.add_row(
+                str(pair["round"]),
+                base if side == "baseline" else "now",
+                f"{run['calls_per_s']:.0f}",
+                f"{run['server_cpu_ms_per_call']:.3f}",
+                f"{run['existing_sessions_p50_ms']}",
+                f"{run['first_byte_p50_ms']}",
+                f"{run['first_byte_p99_ms']}",
+                f"{run['answered_within']:.0%}",
+                f"{run['burst_p50_ms']} / {run['burst_p99_ms']}",
+                f"{run['accept_queue_mean']}",
+            )
+    console.print(table)
+    for side in new_sessions.SIDES:
+        pooled = results["summary"][side]["pooled"]
+        console.print(
+            f"{base if side == 'baseline' else 'now'}, all rounds: new connections p50 "
+            f"{pooled['p50_ms']} / p99 {pooled['p99_ms']} ms, {pooled['within']:.0%} {within} "
+            f"({pooled['probes']} probes, {pooled['failed']} failed); opened with the load p99 "
+            f"{pooled['burst_p99_ms']} ms"
+        )
+
+
 def show_node_services(console: Console, results: dict[str, Any]) -> None:
     table = Table(
         title=f"a 2-node slime job's services: {results['rollouts']} rollouts of "
@@ -424,6 +475,7 @@ def main() -> None:
             "engine",
             "job_start",
             "local_training",
+            "new_sessions",
             "side_by_side",
             "node_services",
             "trajectories",
@@ -434,9 +486,9 @@ def main() -> None:
         "--baseline",
         default=None,
         metavar="REF",
-        help=f"side_by_side, trajectories: the commit (or a folder holding a checkout) to "
-        f"compare this checkout with (default {BASELINE_COMMIT}; trajectories: "
-        f"{trajectories.BASELINE})",
+        help=f"side_by_side, trajectories, new_sessions: the commit (or a folder holding a "
+        f"checkout) to compare this checkout with (default {BASELINE_COMMIT}; trajectories: "
+        f"{trajectories.BASELINE}; new_sessions: {new_sessions.BASELINE})",
     )
     parser.add_argument(
         "--parts",
@@ -461,6 +513,10 @@ def main() -> None:
         results = reward_server.run(seconds=args.seconds)
         (RESULTS / "reward_server.json").write_text(json.dumps(results, indent=2))
         show_reward_server(console, results)
+    if args.only in (None, "new_sessions"):
+        results = new_sessions.run(args.baseline or new_sessions.BASELINE)
+        (RESULTS / "new_sessions.json").write_text(json.dumps(results, indent=2))
+        show_new_sessions(console, results)
     if args.only in (None, "rollout"):
         results = rollout.run()
         (RESULTS / "rollout.json").write_text(json.dumps(results, indent=2))

@@ -18,6 +18,7 @@ the two trees produce identical samples (tokens, masks, log-probs, text, status)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -104,12 +105,22 @@ def start_in_tree(
 @contextmanager
 def tool_servers(work: Path, upstream: str, baseline: str) -> Iterator[dict[str, tuple[int, str]]]:
     """Both trees' tool servers, one process each, pinned to core 0: side -> (pid, base URL)."""
+    trees = {side: tree_of(side, baseline) for side in SIDES}
+    with tree_tool_servers(work, upstream, trees) as servers:
+        yield servers
+
+
+@contextmanager
+def tree_tool_servers(
+    work: Path, upstream: str, trees: dict[str, Path]
+) -> Iterator[dict[str, tuple[int, str]]]:
+    """A tool server per named tree, one process each, pinned to core 0, the probe's query
+    cached: name -> (pid, base URL)."""
     corpus = work / "corpus.jsonl"
     write_corpus(corpus)
     servers: dict[str, tuple[int, str]] = {}
     with ExitStack() as stack:
-        for side in SIDES:
-            tree = tree_of(side, baseline)
+        for side, tree in trees.items():
             port = free_port()
             command = pinned(
                 tool_server_command(
@@ -134,6 +145,26 @@ def tool_servers(work: Path, upstream: str, baseline: str) -> Iterator[dict[str,
                 timeout=30,
             )
         yield servers
+
+
+@contextmanager
+def upstream_and_tool_servers(trees: dict[str, Path]) -> Iterator[dict[str, tuple[int, str]]]:
+    """The fake upstream (core 1, UPSTREAM_LATENCY_S) and a tool server per tree (core 0)."""
+    with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
+        work = Path(tmp)
+        up_port = free_port()
+        upstream = f"http://127.0.0.1:{up_port}"
+        fake = pinned(
+            python_module(
+                "fakes.upstream", "--port", str(up_port), "--latency", str(UPSTREAM_LATENCY_S)
+            ),
+            core=1,
+        )
+        with (
+            process(fake, f"{upstream}/stats", work / "fake.log"),
+            tree_tool_servers(work, upstream, trees) as servers,
+        ):
+            yield servers
 
 
 def load_pair(
@@ -173,18 +204,25 @@ def busiest_worker_share(sessions: int, group: int, workers: int, batches: int =
 
 
 def accept_run(
-    pid: int, base: str, seconds: int, think_ms: int = 0, sessions: int = ACCEPT_SESSIONS
+    pid: int,
+    base: str,
+    seconds: int,
+    think_ms: int = 0,
+    sessions: int = ACCEPT_SESSIONS,
+    wave: int = 32,
+    interval_s: float = 0.25,
+    answered_ms: float = 1000.0,
+    burst: int = 0,
 ) -> dict[str, Any]:
     """wrk holds `sessions` sessions of mixed load (each waiting `think_ms` between its calls,
-    as an agent generating its next turn does); meanwhile waves of new sessions arrive (32
-    every 0.25 s) and the accept queue is sampled every 0.25 s."""
+    as an agent generating its next turn does); meanwhile waves of new sessions arrive (`wave`
+    every `interval_s`, and `burst` more with wrk's own at the start) and the accept queue is
+    sampled every 0.25 s."""
+    probe_command = python_module(
+        "benchmarks.accept_probe", base, str(seconds - 3), str(wave), str(interval_s), str(burst)
+    )
     probe = subprocess.Popen(
-        pinned(
-            python_module("benchmarks.accept_probe", base, str(seconds - 3), "32", "0.25"), core=1
-        ),
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+        pinned(probe_command, core=1), stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
     port = int(base.rsplit(":", 1)[1])
     depths: list[int] = []
@@ -204,23 +242,41 @@ def accept_run(
         sampler_done.set()
         sampler.join()
         out, _ = probe.communicate(timeout=120)
-    times = sorted(orjson.loads(out.strip().splitlines()[-1])["first_byte_ms"])
+    probed = json.loads(out.strip().splitlines()[-1])  # json: a failed probe is Infinity
+    times = sorted(probed["first_byte_ms"])
     finite = [t for t in times if t != float("inf")]
+    burst_times = sorted(probed["burst_first_byte_ms"])
     return {
         "sessions": sessions,
         "think_ms": think_ms,
         "calls_per_s": run["calls_per_s"],
+        "server_cpu_ms_per_call": run["server_cpu_ms_per_call"],
         "existing_sessions_p50_ms": round(run["p50_ms"], 1),
+        "existing_sessions_p99_ms": round(run["p99_ms"], 1),
+        "errors": run["errors"],
         "probes": len(times),
         "failed": len(times) - len(finite),
         "first_byte_p50_ms": round(statistics.median(finite), 1) if finite else None,
         "first_byte_p99_ms": round(finite[int(0.99 * (len(finite) - 1))], 1) if finite else None,
         "first_byte_max_ms": round(finite[-1], 1) if finite else None,
         "first_byte_within_100ms": round(sum(t <= 100 for t in finite) / max(1, len(times)), 3),
+        "answered_within": round(sum(t <= answered_ms for t in finite) / max(1, len(times)), 3),
+        "first_byte_ms": times,
+        "burst_first_byte_ms": burst_times,
+        "burst_p99_ms": percentile(burst_times, 0.99),
+        "burst_p50_ms": percentile(burst_times, 0.5),
         "accept_queue_max": max(depths) if depths else None,
         "accept_queue_mean": round(statistics.mean(depths), 1) if depths else None,
         "server_rss_mb": round(rss_mb(pid)),  # what the GC settings cost (services/serving/heap.py)
     }
+
+
+def percentile(times: list[float], share: float) -> float | None:
+    """The `share` percentile of sorted `times` (a failure, inf, counts as the slowest)."""
+    if not times:
+        return None
+    value = times[int(share * (len(times) - 1))]
+    return round(value, 1) if value != float("inf") else value
 
 
 def ratio(before: float, after: float) -> float:

@@ -1,8 +1,8 @@
 """Run an ASGI app under uvicorn: bind first (so port 0 works and the real port is known),
 refuse to expose an unauthenticated service beyond loopback, cut off slow clients and cap open
 connections, in all and per client (services/serving/connections.py), log like the rest of the
-project. Connections are accepted by uvicorn's own listener (docs/services.md: why the accept
-loop of our own is gone)."""
+project. Every pending connection is accepted on each readiness of the socket
+(services/serving/accepting.py; docs/services.md: why not uvicorn's own listener)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,11 @@ minor version is another: whoever moves the pin re-reads, in uvicorn's source,
   `on_message_complete`, `handle_websocket_upgrade`, and the attributes `transport`, `loop`,
   `client`, `cycle` (`response_complete`) and `flow` (`read_paused`) they use;
 - `uvicorn.Server.capture_signals`: a context manager that re-raises a captured SIGTERM/SIGINT
-  once it exits; `Server.shutdown`; and `Server.startup`, which sets `started` after its
-  sockets listen.
+  once it exits; `Server.shutdown`; and `Server.startup`, which runs the lifespan's startup,
+  makes no listener when given no sockets (`sockets=[]`) and then sets `started`; the
+  attributes `server_state`, `lifespan.state` and `config.http_protocol_class` (with its
+  `config`, `server_state`, `app_state`, `_loop` arguments) that its listener's protocol
+  factory uses.
 
 tests/test_private_imports.py keeps every other module off uvicorn's and asyncio's internals.
 """
@@ -30,20 +33,51 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from services.base.logs import flush_logs
+from services.serving.accepting import Acceptor
 from services.serving.connections import ConnectionGuard, Phase
 
 UVICORN_MINOR = "0.54"
 
 
 class ServiceServer(uvicorn.Server):
-    """`uvicorn.Server` that writes batched log lines (services/base/logs.py, and the counts its
-    connection guard has not reported yet) before it ends."""
+    """`uvicorn.Server` that accepts every pending connection on each readiness of its sockets
+    (services/serving/accepting.py: why not uvloop's listener, one per pass of the loop), and
+    writes batched log lines (services/base/logs.py, and the counts its connection guard has not
+    reported yet) before it ends."""
 
     def __init__(self, config: uvicorn.Config, guard: ConnectionGuard | None = None) -> None:
         super().__init__(config)
         self.guard = guard
+        self.acceptors: list[Acceptor] = []
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if sockets is None:  # uvicorn binds its own (not how our services start)
+            await super().startup(sockets=None)
+            return
+        for sock in sockets:
+            # From here on a connect queues in the kernel, not refused, while the lifespan runs:
+            # `started` (set by uvicorn's startup) then means "connects succeed".
+            sock.listen(self.config.backlog)
+        await super().startup(sockets=[])  # the lifespan, then `started`; no listener of its own
+        if self.should_exit:
+            return
+        loop = asyncio.get_running_loop()
+        config, state = self.config, self.server_state
+
+        def protocol() -> asyncio.Protocol:
+            # as uvicorn's own listener builds each connection's protocol
+            made: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=state, app_state=self.lifespan.state, _loop=loop
+            )
+            return made
+
+        self.acceptors = [Acceptor(loop, sock, protocol, config.backlog) for sock in sockets]
+        for acceptor in self.acceptors:
+            acceptor.start()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for acceptor in self.acceptors:
+            acceptor.stop()
         await super().shutdown(sockets=sockets)
         if self.guard is not None:
             self.guard.write_reports()

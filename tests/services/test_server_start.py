@@ -1,6 +1,6 @@
 """start_server_thread hands back a server whose socket listens, and the socket is closed when
-it stops: uvicorn's own listener (services/serving/serve.py), whose `started` flag is what
-start_server_thread waits on, so the order it sets it in is pinned here."""
+it stops. It waits on uvicorn's `started` flag, which ServiceServer's startup sets after its
+socket listens (services/serving/uvicorn_internals.py), so that order is pinned here."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ RunFolder extends), and the notes its nodes leave each other there.
     RUN/submitit/               submitit's folder: the pickled job, sbatch scripts, task logs
     RUN/attempts/JOB-RESTART/   one folder per attempt (a requeue is a new attempt):
         node-K.log                  node K's console: bootstrap, and on node 0 the trainer
-        node-K/                     node K's service logs and `ray start`'s
+        node-K/                     node K's service logs, configs and ready files
+                                    (NAME.log, NAME.toml, NAME.ready.json), `ray start`'s log
         node-K/ray/                 Ray's session logs on node K (every actor's output), copied
                                     when its Ray stops
         node-K.phases.jsonl         node K's phases, timestamped

@@ -68,7 +68,7 @@ from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
 from slurm.preemption import WarnedSave
 from slurm.process_start import process_started_at
 from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode, node_resource
-from slurm.run_folder import RunFolder, read_json, write_json
+from slurm.run_folder import read_json, write_json
 
 logger = logging.getLogger("deepdive.job")
 FOREVER = float("inf")
@@ -122,7 +122,7 @@ class NodeJob(submitit.helpers.Checkpointable):
         (slurm/preemption.py), then tell every node to stop, and requeue unless the run has used
         its requeues. The end note says what the warning saved and what the requeue loses."""
         node = current_node()
-        attempt = RunFolder(Path(self.config.run.folder)).attempt(node.attempt)
+        attempt = self.config.run_folder.attempt(node.attempt)
         warning = self._bootstrap.save_on_warning() if self._bootstrap is not None else {}
         allowed = self.config.slurm.max_requeues
         if node.restart_count >= allowed:
@@ -145,7 +145,7 @@ class NodeBootstrap:
     ) -> None:
         self.config = config
         self.node = node
-        self.run_folder = RunFolder(Path(config.run.folder))
+        self.run_folder = config.run_folder
         self.attempt = self.run_folder.attempt(node.attempt)
         self.backend: Backend = build_backend(config)
         self.phases = PhaseLog(self.attempt.phases(node.node), node.node, node.attempt)

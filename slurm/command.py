@@ -60,7 +60,7 @@ def run_submit(args: argparse.Namespace) -> None:
         check_image(
             config.container.apptainer, config.container.image, args.allow_image_mismatch, warn
         )
-    run = RunFolder(config.folder)
+    run = config.run_folder
     if args.dry_run:
         attempt = run.attempt("JOB-RESTART")
         print("# the sbatch script (submitit renders it; JOB is the job id)")
@@ -275,7 +275,7 @@ def run_eval(args: argparse.Namespace) -> None:
     rows = read_rows(args.data)
     if args.questions:
         rows = rows[: args.questions]
-    out = args.out or config.folder / "eval" / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or config.run_folder.root / "eval" / time.strftime("%Y%m%d-%H%M%S")
     if args.dry_run:
         served = engine.description
         print(f"{len(rows)} questions x {args.samples} samples from {args.data}, into {out}")

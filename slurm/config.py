@@ -24,6 +24,7 @@ from services.commands import service_config
 from slurm.backends.slime.config import SlimeSection
 from slurm.network import ROUTE
 from slurm.ports import TOOL_PORTS
+from slurm.run_folder import RunFolder
 
 Backend = Literal["local", "slime"]
 
@@ -261,8 +262,9 @@ class ExperimentConfig:
         )
 
     @property
-    def folder(self) -> Path:
-        return Path(self.run.folder)
+    def run_folder(self) -> RunFolder:
+        """The run folder's layout (slurm/run_folder.py), at run.folder."""
+        return RunFolder(Path(self.run.folder))
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,5 +1,6 @@
-"""The run folder on shared storage: what a submitted run keeps, and the notes its nodes leave
-each other there.
+"""The run folder on shared storage: what a submitted run keeps beside what every run keeps
+(deepdive/run_paths.py's RunPaths: checkpoints, logs/tensorboard, trajectories, ..., which
+RunFolder extends), and the notes its nodes leave each other there.
 
     RUN/config.toml             the experiment, resolved (what every attempt runs)
     RUN/command.txt             the training command line of the last attempt
@@ -9,7 +10,8 @@ each other there.
     RUN/submitit/               submitit's folder: the pickled job, sbatch scripts, task logs
     RUN/attempts/JOB-RESTART/   one folder per attempt (a requeue is a new attempt):
         node-K.log                  node K's console: bootstrap, and on node 0 the trainer
-        node-K/                     node K's service logs and `ray start`'s
+        node-K/                     node K's service logs, configs and ready files
+                                    (NAME.log, NAME.toml, NAME.ready.json), `ray start`'s log
         node-K/ray/                 Ray's session logs on node K (every actor's output), copied
                                     when its Ray stops
         node-K.phases.jsonl         node K's phases, timestamped
@@ -21,10 +23,7 @@ each other there.
         end.json                    node 0: the trainer ended (exit code), everyone stops
         requeue-asked.json          node 0's submitit asked for a requeue (slurm/requeue.py)
         requeue-answer.json         Slurm's answer, from the batch script once srun returned
-    RUN/logs/tensorboard/       the trainer's TensorBoard events (what `deepdive status` reads)
-    RUN/trajectories/           each step's recorded episodes and agent statistics
-                                (docs/trajectories.md)
-    RUN/checkpoints, logs/, ...  the backend's own files (checkpoints, metrics)
+    RUN/checkpoints, logs/, ...  RunPaths' (the backend's checkpoints, metrics, trajectories)
 
 Every note is written whole (a partial file renamed into place), so a reader on another node
 sees either nothing or all of it. The run folder and the submitit folder are private (0700).
@@ -40,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from deepdive.run_paths import RunPaths
 from services.base.files import atomic_write_bytes
 
 # written by shell scripts (slurm/requeue.py), read here
@@ -122,9 +122,7 @@ class AttemptFolder:
 
 
 @dataclass(frozen=True)
-class RunFolder:
-    root: Path
-
+class RunFolder(RunPaths):
     @property
     def config(self) -> Path:
         return self.root / "config.toml"
@@ -148,14 +146,6 @@ class RunFolder:
     @property
     def save_timing(self) -> Path:
         return self.root / "save_timing.json"
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / "logs" / "tensorboard"
-
-    @property
-    def trajectories(self) -> Path:
-        return self.root / "trajectories"
 
     @property
     def attempts(self) -> Path:

@@ -45,7 +45,7 @@ def remember_job(job_id: str, folder: Path) -> None:
 def find_run(target: str) -> RunFolder:
     """A run folder, or the run folder a job id was submitted from."""
     path = Path(target).expanduser()
-    if (path / "config.toml").is_file():
+    if RunFolder(path).config.is_file():
         return RunFolder(path.absolute())
     if target.isdigit():
         try:

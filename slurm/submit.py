@@ -17,12 +17,10 @@ from __future__ import annotations
 import contextlib
 import io
 import shlex
-from pathlib import Path
 from typing import Any
 
 from slurm import requeue
 from slurm.config import ExperimentConfig
-from slurm.run_folder import RunFolder
 from slurm.scheduler import SchedulerError
 from slurm.task_command import python_command, srun_cpus, submitit_folder
 
@@ -33,7 +31,7 @@ SRUN_ARGS = ("--kill-on-bad-exit=1",)
 def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
     """The parameters of submitit's SlurmExecutor (its names: sbatch's, with underscores)."""
     slurm = config.slurm
-    run = RunFolder(Path(config.run.folder))
+    run = config.run_folder
     parameters: dict[str, Any] = {
         "job_name": config.run.name,
         "nodes": slurm.nodes,
@@ -110,7 +108,7 @@ def submit(config: ExperimentConfig) -> str:
     executor.update_parameters(**executor_parameters(config))
     printed = io.StringIO()
     try:
-        requeue.write_stand_in(RunFolder(Path(config.run.folder)))
+        requeue.write_stand_in(config.run_folder)
         with contextlib.redirect_stderr(printed):  # submitit prints sbatch's stderr, then raises
             job = executor.submit(NodeJob(config))
     except FailedJobError as error:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from slurm import requeue
 from slurm.config import ExperimentConfig
-from slurm.run_folder import RunFolder
 
 
 def python_command(config: ExperimentConfig) -> str:
@@ -27,7 +26,7 @@ def python_command(config: ExperimentConfig) -> str:
         parts.append("--nv")
     for bind in binds:
         parts += ["--bind", bind]
-    parts += requeue.container_environment(RunFolder(Path(config.run.folder)))
+    parts += requeue.container_environment(config.run_folder)
     parts += [*container.options, container.image, container.python]
     return shlex.join(parts)
 
@@ -42,4 +41,4 @@ def srun_cpus(config: ExperimentConfig) -> list[str]:
 
 
 def submitit_folder(config: ExperimentConfig) -> Path:
-    return RunFolder(Path(config.run.folder)).submitit / "%j"
+    return config.run_folder.submitit / "%j"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from deepdive.protocol import OBSERVATION_CLOSE, OBSERVATION_OPEN, find_tool_calls
+from deepdive.run_paths import TRAJECTORIES
 from deepdive.trajectory_format import (
     STATUSES,
     EpisodeRecord,
@@ -26,7 +27,6 @@ from deepdive.trajectory_recorder import EVAL_FOLDER, STATS_FILE
 from services.base.errors import ConfigError
 
 RESULTS = "results.jsonl"  # what `deepdive eval` writes (slurm/eval_report.py)
-TRAJECTORIES = "trajectories"  # a run's recorded steps (deepdive/trajectory_format.py)
 WHERE_KEYS = ("reward", "status", "tool", "text", "step", "checkpoint", "id")
 
 

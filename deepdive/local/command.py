@@ -60,7 +60,7 @@ def run_engine(args: argparse.Namespace) -> None:
         app,
         sock,
         log_level=args.log_level,
-        on_listening=announcer(f"local engine ({args.model})", token, examples),
+        on_listening=announcer(f"local engine ({args.model})", token, examples, args.ready_file),
         limits=limits,
         metrics=metrics,
     )

@@ -19,7 +19,7 @@ from rich.progress import (
 )
 
 from deepdive.local.config import LocalRunConfig
-from deepdive.local.paths import RunPaths
+from deepdive.run_paths import RunPaths
 
 
 @dataclass

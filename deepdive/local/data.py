@@ -8,10 +8,10 @@ from typing import Any
 
 from deepdive.convert import convert
 from deepdive.local.config import LocalRunConfig
-from deepdive.local.paths import RunPaths
 from deepdive.offline.build import write_world
 from deepdive.offline.world import WorldSizes, unseen_world_seed
 from deepdive.protocol import SYSTEM_PROMPTS
+from deepdive.run_paths import RunPaths
 from services.base.errors import ConfigError
 
 

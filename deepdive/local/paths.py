@@ -1,14 +1,12 @@
-"""The run folder and the resume policy: where a run keeps everything, and when an existing
-folder may be continued."""
+"""The resume policy: when an existing run folder (deepdive/run_paths.py) may be continued."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from deepdive.local.checkpoint import load_latest
 from deepdive.local.config import LocalRunConfig
+from deepdive.run_paths import RunPaths
 from services.base.errors import ConfigError
 
 # What a resumed run may change; any other change makes it a different run. The rollout's
@@ -29,52 +27,6 @@ RESUMABLE_KEYS = {
     "rollout.trajectory_max_mb",
 }
 RESUMABLE_SECTIONS = {"eval"}
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    root: Path
-
-    @property
-    def world(self) -> Path:
-        return self.root / "world"
-
-    @property
-    def unseen_world(self) -> Path:
-        return self.root / "unseen_world"
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def base_model(self) -> Path:
-        return self.root / "base_model"
-
-    @property
-    def final_model(self) -> Path:
-        return self.root / "final_model"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def trajectories(self) -> Path:
-        """Each step's recorded episodes (deepdive.trajectory_recorder)."""
-        return self.root / "trajectories"
-
-    @property
-    def plot(self) -> Path:
-        return self.root / "reward_curve.png"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
 
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

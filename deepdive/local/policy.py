@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from deepdive.local.config import LocalRunConfig
-from deepdive.local.paths import RunPaths
 from deepdive.local.warm_start import read_demonstrations, tokenizer_texts
 from deepdive.protocol import SYSTEM_PROMPTS
+from deepdive.run_paths import RunPaths
 from services.base.files import atomic_path
 
 

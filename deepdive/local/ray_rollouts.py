@@ -21,10 +21,10 @@ from typing import Any
 
 from deepdive.local.config import LocalRunConfig
 from deepdive.local.episodes import UNSEEN, WORLD, ServiceSet, rollout_batch
-from deepdive.local.paths import RunPaths
 from deepdive.local.rollouts import settings_for
 from deepdive.local.stack import engine_server
 from deepdive.rollout_settings import rollout_args
+from deepdive.run_paths import RunPaths
 from services.base.errors import RuntimeFailure
 
 

@@ -25,11 +25,12 @@ from deepdive.local.config import LocalRunConfig
 from deepdive.local.context import RunContext
 from deepdive.local.data import prepare_data
 from deepdive.local.episodes import UNSEEN, WORLD, Evaluation
-from deepdive.local.paths import RunPaths, resume_point
+from deepdive.local.paths import resume_point
 from deepdive.local.policy import build_policy
 from deepdive.local.prompts import read_prompt_rows
 from deepdive.local.rollouts import Rollouts, local_rollouts
 from deepdive.local.training import train
+from deepdive.run_paths import RunPaths
 
 # Rollouts played elsewhere than this process (a Slurm job's nodes): given the run's config,
 # its folder and how to report, a context manager that yields them.
@@ -93,8 +94,8 @@ class LocalRun:
         summary["wall_s"] = round(time.monotonic() - started, 1)
         summary["paths"] = {
             "run": str(paths.root),
-            "metrics": str(paths.logs / "metrics.jsonl"),
-            "tensorboard": str(paths.logs / "tensorboard"),
+            "metrics": str(paths.metrics),
+            "tensorboard": str(paths.tensorboard),
             "checkpoints": str(paths.checkpoints),
             "final_model": str(paths.final_model),
             "plot": str(paths.plot),

@@ -13,18 +13,19 @@ from typing import Any
 
 import orjson
 
+from deepdive.run_paths import METRICS, TENSORBOARD
 from services.base.files import atomic_path, atomic_write_bytes
 
 
 class RunLog:
     def __init__(self, folder: Path, resume_after_step: int | None = None) -> None:
         self.folder = folder
-        self.path = folder / "metrics.jsonl"
+        self.path = folder / METRICS
         folder.mkdir(parents=True, exist_ok=True)
         self._drop_after(resume_after_step)
         from tensorboardX import SummaryWriter
 
-        self._writer = SummaryWriter(str(folder / "tensorboard"), flush_secs=10)
+        self._writer = SummaryWriter(str(folder / TENSORBOARD), flush_secs=10)
 
     def _drop_after(self, step: int | None) -> None:
         """Keep the complete lines of steps <= `step`; a run that starts over (None) keeps none."""

@@ -2,11 +2,12 @@
 it is ready: how the local run (and each node of a Slurm job) brings up the tool and reward
 servers.
 
-The child binds the port it is given (0: a free one) and announces "... listening on
-http://HOST:PORT" (a server of several workers: every worker's URL, separated by commas); we
-read that line, then poll every URL's /ready (services.base.waiting: backoff, no fixed sleeps). Its
-log goes to a file (never a pipe that could fill and stall it), and a child that dies before it
-is ready is reported with the tail of that log.
+The child binds the port it is given (0: a free one) and, once it listens, writes a ready
+record (services.base.ready: its URL, or every worker's separated by commas) to the file we
+name with --ready-file; we wait for that file, then poll every URL's /ready
+(services.base.waiting: backoff, no fixed sleeps). Its log goes to a file (never a pipe that
+could fill and stall it), and a child that dies before it is ready is reported with its exit
+status and the tail of that log.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from pathlib import Path
 from types import TracebackType
 
 from services.base.errors import RuntimeFailure
+from services.base.files import remove
+from services.base.ready import read_ready
 from services.base.secrets import TOKEN_ENV
 from services.base.waiting import WaitTimeout, wait_for
-
-ANNOUNCEMENT = "listening on "
 
 
 def _resolve_prctl() -> Callable[..., int] | None:
@@ -150,8 +151,13 @@ class ServiceProcess:
         port: int = 0,
     ) -> None:
         self.name = name
-        self.command = [sys.executable, "-m", "services", *arguments, "--port", str(port)]
         self.log_path = log_path
+        # beside the log: where the child says it listens (services.base.ready)
+        self.ready_path = log_path.with_name(f"{log_path.stem}.ready.json")
+        self.command = [
+            sys.executable, "-m", "services", *arguments,
+            "--port", str(port), "--ready-file", str(self.ready_path),
+        ]  # fmt: skip
         self.ready_timeout_s = ready_timeout_s
         self.environment = environment
         self.process: subprocess.Popen[bytes] | None = None
@@ -164,6 +170,7 @@ class ServiceProcess:
 
     def launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        remove(self.ready_path)  # an earlier child's record is not this one's
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(  # noqa: S603 (our own CLI, fixed arguments)
                 self.command,
@@ -189,9 +196,7 @@ class ServiceProcess:
 
         remaining = self.ready_timeout_s - (time.monotonic() - self._started)
         try:
-            self.url = wait_for(
-                self._announced_url, timeout_s=remaining, what=self.name, check=checks
-            )
+            self.url = wait_for(self._ready_url, timeout_s=remaining, what=self.name, check=checks)
             wait_for(self._ready, timeout_s=remaining, what=self.name, check=checks)
         except WaitTimeout:
             self.stop()
@@ -204,11 +209,16 @@ class ServiceProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def _announced_url(self) -> str | None:
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            if ANNOUNCEMENT in line:
-                return line.split(ANNOUNCEMENT, 1)[1].split()[0]
-        return None
+    def _ready_url(self) -> str | None:
+        try:
+            record = read_ready(self.ready_path)
+        except ValueError as error:
+            self.stop()
+            raise ServiceStartError(
+                f"the {self.name} server's ready file ({self.ready_path}) is not a ready "
+                f"record: {error}"
+            ) from None
+        return None if record is None else record.url
 
     def _ready(self) -> bool:
         # imported here: Ray's keeper (slurm.ray_keeper) imports this module for child_preexec

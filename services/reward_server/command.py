@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> None:
             "try: curl -s{auth} -X POST {base}/evaluate -H 'Content-Type: application/json' "
             '-d \'{{"response": "<tool_call>{{\\"name\\": \\"finish\\", \\"arguments\\": {{\\"answer\\": \\"Paris\\"}}}}</tool_call>", "label": "Paris"}}\'',
         ],
+        args.ready_file,
     )
     limits = config.connections
     serve(

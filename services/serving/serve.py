@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import socket
 import sys
 import threading
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp
 from services.base.config_options import add_field_options, config_from_options
 from services.base.errors import ConfigError
 from services.base.logs import configure_logging
+from services.base.ready import ReadyRecord, write_ready
 from services.base.secrets import TOKEN_ENV, apply_env_file, read_secret
 from services.metrics import ServiceMetrics
 from services.serving.connections import ConnectionGuard, ConnectionLimits, ensure_fd_limit
@@ -52,6 +54,13 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> 
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument(
+        "--ready-file",
+        type=Path,
+        metavar="PATH",
+        help="once listening, write the URL, pid, host and port here as JSON, whole "
+        "(what a starting process waits for: services.base.ready)",
+    )
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -79,12 +88,15 @@ class Announce(Protocol):
     def __call__(self, host: str, *ports: int) -> None: ...
 
 
-def announcer(title: str, token: str | None, examples: Sequence[str]) -> Announce:
-    """Prints where the service listens and how to try it; `{base}` and `{auth}` are filled in.
+def announcer(
+    title: str, token: str | None, examples: Sequence[str], ready_file: Path | None = None
+) -> Announce:
+    """Prints where the service listens and how to try it, for people; `{base}` and `{auth}`
+    are filled in. A starting process reads `ready_file` (services.base.ready), written after.
 
     With several ports (one per worker process, services.serving.workers) "listening on" is followed
-    by every worker's URL, separated by commas: the one token a starter reads
-    (services.base.process) and the value the rollout's `deepdive_tool_server_url` takes."""
+    by every worker's URL, separated by commas: the value the rollout's `deepdive_tool_server_url`
+    takes, and the ready record's url."""
 
     def announce(host: str, *ports: int) -> None:
         bases = [f"http://{url_host(host)}:{port}" for port in ports]
@@ -100,6 +112,9 @@ def announcer(title: str, token: str | None, examples: Sequence[str]) -> Announc
         each = " (each worker has its own)" if len(bases) > 1 else ""
         lines.append(f"  health: {base}/health  ready: {base}/ready  metrics: {base}/metrics{each}")
         print("\n".join(lines), file=sys.stderr, flush=True)
+        if ready_file is not None:
+            record = ReadyRecord(url=",".join(bases), pid=os.getpid(), host=host, port=ports[0])
+            write_ready(ready_file, record)
 
     return announce
 

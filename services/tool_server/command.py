@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> None:
     workers = default_workers() if args.workers is None else check_workers(args.workers)
     sockets = bind_workers(args.host, args.port, workers)
     title = f"tool server (search={config.search}, reader={config.reader})"
-    announce = announcer(title, token, EXAMPLES)
+    announce = announcer(title, token, EXAMPLES, args.ready_file)
     limits = config.connections
     show_progress = sys.stderr.isatty()
     if workers == 1:

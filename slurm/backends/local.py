@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deepdive.local.paths import RunPaths, resume_point
+from deepdive.local.paths import resume_point
 from deepdive.local.stack import offline_tools_config
 from slurm.backends import EvalEngine, ServiceSpec
 from slurm.config import ExperimentConfig, local_run_config
-from slurm.run_folder import AttemptFolder, RunFolder
+from slurm.run_folder import AttemptFolder
 
 TRAINER_MODULE = "slurm.backends.local_main"
 
@@ -33,7 +33,7 @@ class LocalBackend:
     def __init__(self, config: ExperimentConfig) -> None:
         self.experiment = config
         self.config = local_run_config(config)
-        self.paths = RunPaths(Path(self.config.run.out))
+        self.paths = config.run_folder  # RunPaths at run.folder, the local run's run.out
 
     def check(self) -> list[str]:
         return []  # the [local.*] tables check themselves as they load
@@ -77,13 +77,12 @@ class LocalBackend:
         return specs
 
     def command(self, attempt: AttemptFolder) -> list[str]:
-        run = RunFolder(Path(self.experiment.run.folder))
         container = self.experiment.container
         return [
             container.python if container.image else sys.executable,  # as the node runs it
             "-m",
             TRAINER_MODULE,
-            str(run.root),
+            str(self.paths.root),
             "--cluster",
             str(attempt.cluster),
             "--phases",

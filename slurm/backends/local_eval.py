@@ -20,18 +20,18 @@ class LocalEvalEngine:
 
     def __init__(self, experiment: ExperimentConfig) -> None:
         self.config = local_run_config(experiment)
-        self.run = Path(experiment.run.folder)
+        self.run = experiment.run_folder
 
     def resolve(self, spec: str) -> Checkpoint:
         if spec == "latest":
-            final = self.run / "final_model"
+            final = self.run.final_model
             if (final / "config.json").is_file():
                 return Checkpoint("latest (final_model)", final, "hf")
             from deepdive.local.checkpoint import checkpoints
 
-            found = checkpoints(self.run / "checkpoints")
+            found = checkpoints(self.run.checkpoints)
             if not found:
-                raise ConfigError(f"--checkpoint latest: {self.run} has no checkpoint yet")
+                raise ConfigError(f"--checkpoint latest: {self.run.root} has no checkpoint yet")
             return Checkpoint(f"latest ({found[-1].name})", found[-1], "step")
         path = Path(spec).expanduser().absolute()
         if (path / "config.json").is_file():
@@ -54,7 +54,7 @@ class LocalEvalEngine:
         if checkpoint.kind == "step":
             from deepdive.local.checkpoint import load_checkpoint
 
-            model, tokenizer = load_model(Path(self.config.run.out) / "base_model")
+            model, tokenizer = load_model(self.run.base_model)
             _, state = load_checkpoint(checkpoint.path)
             model.load_state_dict(state["trainer"]["model"])
         else:

@@ -16,7 +16,14 @@ from services.base.cli import add_overrides_argument
 from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig, load_experiment
 from slurm.smoke.context import here
-from slurm.smoke.job import SmokeFailed, SmokeJob, executor_parameters, submit, wait_for_report
+from slurm.smoke.job import (
+    SmokeFailed,
+    SmokeJob,
+    executor_parameters,
+    smoke_folder,
+    submit,
+    wait_for_report,
+)
 from slurm.smoke.report import verdict
 from slurm.smoke.runner import run_node
 from slurm.smoke.steps import STEPS, Step, plan, select
@@ -89,10 +96,10 @@ def run_smoke(args: argparse.Namespace) -> None:
         return
     job = SmokeJob(config, args.only, args.model, args.tp, args.keep_going)
     job_id = submit(config, job, steps)
-    folder = Path(config.run.folder) / "smoke" / job_id
+    folder = smoke_folder(config, job_id)
     print(f"submitted job {job_id}: the GPU smoke kit on {config.slurm.nodes} node(s)")
     print(f"  report      {folder}/report.txt")
-    print(f"  node logs   {Path(config.run.folder)}/submitit/{job_id}/")
+    print(f"  node logs   {config.run_folder.submitit / job_id}/")
     if args.wait:
         print(wait_for_report(config, job_id), end="")
 

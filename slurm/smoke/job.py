@@ -15,7 +15,7 @@ from typing import Any
 from services.base.errors import RuntimeFailure
 from slurm.config import ExperimentConfig
 from slurm.environment import current_node
-from slurm.run_folder import RunFolder, private_folder, read_json
+from slurm.run_folder import private_folder, read_json
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.report import verdict
 from slurm.smoke.runner import run_node
@@ -32,7 +32,7 @@ class SmokeFailed(RuntimeFailure):
 
 
 def smoke_folder(config: ExperimentConfig, job_id: str) -> Path:
-    return RunFolder(Path(config.run.folder)).root / "smoke" / job_id
+    return config.run_folder.root / "smoke" / job_id
 
 
 class SmokeJob:
@@ -72,7 +72,7 @@ def executor_parameters(config: ExperimentConfig, steps: list[Step]) -> dict[str
 def submit(config: ExperimentConfig, job: SmokeJob, steps: list[Step]) -> str:
     import submitit
 
-    run = RunFolder(Path(config.run.folder))
+    run = config.run_folder
     private_folder(run.root)
     private_folder(run.submitit)
     executor = submitit.SlurmExecutor(
@@ -96,7 +96,7 @@ def wait_for_report(config: ExperimentConfig, job_id: str, poll_s: float = 5.0) 
             return text
         state = job_state(job_id)
         if state is None or state in ENDED:
-            logs = RunFolder(Path(config.run.folder)).submitit / job_id
+            logs = config.run_folder.submitit / job_id
             raise SmokeFailed(
                 f"job {job_id} ended ({state or 'gone from the queue'}) without a report: "
                 f"see its logs in {logs}"

@@ -19,7 +19,7 @@ from slurm.backends import Backend, EvalEngine, ServiceSpec
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig, ServiceTable
 from slurm.environment import NodeInfo
-from slurm.run_folder import AttemptFolder, RunFolder, read_json
+from slurm.run_folder import AttemptFolder, read_json
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.report import Check, failed, passed
@@ -119,7 +119,7 @@ def bootstrap_checks(
 ) -> list[Check]:
     """What the bootstrap's notes say about this node's run of it: a failure of any node, by
     name and phase, or this node's part done (`code` 0; on node 0, the trainer's code)."""
-    attempt = RunFolder(Path(config.run.folder)).attempt(node.attempt)
+    attempt = config.run_folder.attempt(node.attempt)
     failures = attempt.failures()
     checks = [
         failed(

@@ -38,7 +38,7 @@ from slurm.backends.slime.conversion import Conversion, plan, run_to_folder
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig, ServiceTable
 from slurm.environment import NodeInfo
-from slurm.run_folder import RunFolder, write_json
+from slurm.run_folder import write_json
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus
@@ -189,7 +189,7 @@ def run(context: SmokeContext) -> list[Check]:
 def train(config: ExperimentConfig, node: NodeInfo) -> list[Check]:
     """train.py under the node bootstrap (this node alone), stopped after TRAIN_LIMIT_S."""
     alone = dataclasses.replace(node, node=0, num_nodes=1)
-    attempt = RunFolder(Path(config.run.folder)).attempt(alone.attempt)
+    attempt = config.run_folder.attempt(alone.attempt)
     late = threading.Event()
 
     def stop() -> None:

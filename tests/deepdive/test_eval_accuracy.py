@@ -18,10 +18,10 @@ from deepdive.local.config import load_local_config
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import WORLD, Evaluation
 from deepdive.local.evaluation import evaluate
-from deepdive.local.paths import RunPaths
 from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.protocol import format_tool_call
 from deepdive.rollout_settings import EVAL_LOG_FUNCTION_PATH, rollout_args
+from deepdive.run_paths import RunPaths
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from tests.helpers import (

@@ -159,7 +159,7 @@ def test_a_world_too_small_for_the_warm_start_is_an_error_before_training(tmp_pa
     """The held-out and RL questions take the whole question space of this world: no question
     is left to demonstrate, which would otherwise be a warm start of zero steps."""
     from deepdive.local.data import prepare_data
-    from deepdive.local.paths import RunPaths
+    from deepdive.run_paths import RunPaths
 
     sizes = "people = 6\ncities = 3\nguilds = 2\nartifacts = 4\nmax_hops = 1\n"
     text = f"[world]\n{sizes}eval_questions = 10\ntrain_questions = 1000\n"

@@ -24,7 +24,6 @@ from deepdive.clients import close_clients
 from deepdive.local.config import load_local_config
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import WORLD
-from deepdive.local.paths import RunPaths
 from deepdive.local.prompts import PromptSampler
 from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.local.training import grpo_step
@@ -36,6 +35,7 @@ from deepdive.rollout_settings import (
     ROLLOUT_LOG_FUNCTION_PATH,
     rollout_args,
 )
+from deepdive.run_paths import RunPaths
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.base.logs import register_secret

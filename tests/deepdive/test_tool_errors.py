@@ -19,13 +19,13 @@ from rich.console import Console
 from deepdive.local.config import load_local_config
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import WORLD
-from deepdive.local.paths import RunPaths
 from deepdive.local.prompts import PromptSampler
 from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.local.training import grpo_step
 from deepdive.protocol import TOOL_ERROR_KINDS, format_tool_call
 from deepdive.rollout import generate_with_tool
 from deepdive.rollout_settings import ROLLOUT_LOG_FUNCTION_PATH, RolloutKnobs, rollout_args
+from deepdive.run_paths import RunPaths
 from deepdive.sample import LocalSample, SampleStatus
 from deepdive.tool_errors import ToolsFailing, tool_error_counts
 from fakes.sglang import FakeSGLang, ScriptedTurn

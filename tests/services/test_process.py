@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.base.process import ServiceProcess, ServiceStartError, serving_group
+from services.base.ready import ReadyRecord, read_ready, write_ready
 from services.base.secrets import TOKEN_ENV
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.ray_keeper import group_alive  # zombies do not count: a container may not reap them
@@ -32,6 +33,33 @@ def test_a_service_started_with_the_token_is_seen_ready(tmp_path: Path) -> None:
     server.ready_timeout_s = 30
     with server:
         assert server.url.startswith("http://127.0.0.1:")
+
+
+def test_the_starter_takes_the_url_from_the_ready_file_the_child_wrote(tmp_path: Path) -> None:
+    """The child names where it listens in a typed record beside its log (url, pid, host,
+    port), and that is the URL the starter hands on; an earlier child's record there is not
+    read as this one's."""
+    path = tmp_path / "reward.ready.json"
+    write_ready(path, ReadyRecord(url="http://127.0.0.1:9", pid=1, host="127.0.0.1", port=9))
+    with reward_server(tmp_path) as server:
+        record = read_ready(path)
+        assert record is not None and server.process is not None
+        assert server.url == record.url == f"http://127.0.0.1:{record.port}"
+        assert (record.pid, record.host) == (server.process.pid, "127.0.0.1")
+
+
+def test_a_child_that_dies_before_it_is_ready_is_named_with_its_exit_status(
+    tmp_path: Path,
+) -> None:
+    """Exposed beyond loopback without a token, the reward server refuses to start (a
+    ConfigError, exit status 2) before it listens: no ready file, and the starter says so at
+    once rather than at its deadline."""
+    server = reward_server(tmp_path, "--host", "0.0.0.0")
+    with pytest.raises(ServiceStartError) as error:
+        server.start()
+    assert error.value.message.startswith("the reward server exited with status 2;")
+    assert "--allow-unauthenticated" in error.value.message  # the end of its log
+    assert not (tmp_path / "reward.ready.json").exists()
 
 
 def test_the_scheduler_warning_signals_do_not_end_a_service(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def batch_script(tmp_path: Path, task: str) -> tuple[RunFolder, str]:
     as bash runs them on the job's first node; the stand-in written as `deepdive submit`
     writes it."""
     config = load_experiment(TINY, [f'run.folder="{tmp_path / "run"}"'])
-    run = RunFolder(Path(config.run.folder))
+    run = config.run_folder
     requeue.write_stand_in(run)
     lines = sbatch_script(config).splitlines()
     setup = lines[lines.index("# setup") + 1 : lines.index("# command")]

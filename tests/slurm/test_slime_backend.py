@@ -384,7 +384,7 @@ def test_a_run_folder_continues_only_the_run_it_was_started_with(world: dict[str
     """The backend says what its checkpoints fix (slime: the model and the layout); another
     backend never continues a folder."""
     config = recipe(world)
-    run = RunFolder(config.folder)
+    run = config.run_folder
     run.root.mkdir(parents=True)
     run.config.write_text(tomli_w.dumps(config.as_dict()))
     check_same_run(recipe(world, "slime.rollout.num_rollout=10"), run)  # the same run

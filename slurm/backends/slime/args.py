@@ -41,7 +41,6 @@ from slurm.backends.slime.memory_estimate import log_probs_chunk_size
 from slurm.backends.slime.model_context import read_config
 from slurm.config import ExperimentConfig
 from slurm.package_data import read_json
-from slurm.run_folder import RunFolder
 
 # what slime's 32B examples pass to keep Adam's states in CPU memory (scripts/run-qwen3-32B.sh;
 # Megatron asserts the precision-aware optimizer with it, megatron/training/arguments.py:1189)
@@ -129,7 +128,7 @@ def router_arguments(slime: SlimeSection) -> list[str]:
 
 
 def slime_checkpoints(config: ExperimentConfig) -> Path:
-    return Path(config.run.folder) / "slime_checkpoints"
+    return config.run_folder.root / "slime_checkpoints"
 
 
 def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> SlimeCommand:
@@ -307,7 +306,7 @@ def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[st
         slime.rollout.max_context_len,
         services["tools"],
         services["reward"],
-        str(RunFolder(Path(config.run.folder)).trajectories),
+        str(config.run_folder.trajectories),
     )
 
 

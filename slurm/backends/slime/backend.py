@@ -46,7 +46,7 @@ from slurm.backends.slime.retention import (
 )
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
-from slurm.run_folder import AttemptFolder, RunFolder, read_json
+from slurm.run_folder import AttemptFolder, read_json
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
 # what a run's checkpoints fix: another model or layout cannot load them
@@ -142,7 +142,7 @@ class SlimeBackend:
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
             # where --use-tensorboard writes (slime/observability/tensorboard_utils.py at
             # 624b824 reads it in every actor that logs); `deepdive status` reads it
-            "TENSORBOARD_DIR": str(RunFolder(Path(self.config.run.folder)).tensorboard),
+            "TENSORBOARD_DIR": str(self.config.run_folder.tensorboard),
         }
         # NCCL and gloo on the interface that holds the address the other nodes reach us at;
         # a loopback or unknown address is fatal across nodes, harmless on one

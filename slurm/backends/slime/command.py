@@ -12,7 +12,7 @@ from services.base.cli import add_overrides_argument
 from services.base.errors import ConfigError
 from slurm.config import load_experiment
 from slurm.preflight import require_inputs
-from slurm.run_folder import RunFolder, private_folder
+from slurm.run_folder import private_folder
 
 
 def add_convert_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def run_convert_checkpoint(args: argparse.Namespace) -> None:
         print("# the conversion it runs (into a partial folder, renamed to the output on success)")
         print(command)
         return
-    run = RunFolder(config.folder)
+    run = config.run_folder
     private_folder(run.root)
     private_folder(run.submitit)
     job_id = submit(config, conversion)

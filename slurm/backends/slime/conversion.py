@@ -42,7 +42,7 @@ from slurm import requeue
 from slurm.backends.slime.args import architecture, slime_checkpoints
 from slurm.backends.slime.retention import TRACKER
 from slurm.config import ExperimentConfig
-from slurm.task_command import python_command, srun_cpus
+from slurm.task_command import python_command, srun_cpus, submitit_folder
 
 
 class ConversionFailed(RuntimeFailure):
@@ -93,7 +93,7 @@ def model_vocab_size(config: ExperimentConfig) -> int:
 
 
 def converted(config: ExperimentConfig) -> Path:
-    return Path(config.run.folder) / "converted"
+    return config.run_folder.root / "converted"
 
 
 def iteration_folder(config: ExperimentConfig, iteration: str) -> tuple[int, Path]:
@@ -213,7 +213,6 @@ def executor_parameters(config: ExperimentConfig) -> dict[str, Any]:
 
 
 def submit(config: ExperimentConfig, conversion: Conversion) -> str:
-    folder = Path(config.run.folder) / "submitit" / "%j"
-    executor = submitit.SlurmExecutor(folder=folder, python=python_command(config))
+    executor = submitit.SlurmExecutor(folder=submitit_folder(config), python=python_command(config))
     executor.update_parameters(**executor_parameters(config))
     return str(executor.submit(ConversionJob(config, conversion)).job_id)

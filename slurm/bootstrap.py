@@ -60,6 +60,7 @@ from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, ServiceSpec, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
+from slurm.cluster_note import ClusterNode, ClusterNote, write_cluster
 from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.egress import ProbeResult, Upstreams, probe_egress
 from slurm.environment import NodeInfo, current_node
@@ -374,11 +375,11 @@ class NodeBootstrap:
             self.service_specs[spec.name] = spec
             service.launch()
 
-    def _services_ready(self) -> dict[str, str]:
+    def _services_ready(self) -> dict[str, list[str]]:
         """Every service answering /ready, then a tool server on the internet probed (one real
         search and one real read: slurm/egress.py): the services' URLs other nodes use."""
-        urls = {
-            service.name: reachable(service.wait_ready(check=self._check), node_ip())
+        urls = {  # each service's workers' URLs
+            service.name: [reachable(url, node_ip()) for url in service.wait_ready(self._check)]
             for service in self.services
         }
         for service in self.services:
@@ -428,24 +429,25 @@ class NodeBootstrap:
 
     def _join(self) -> None:
         """Every node ready (its Ray joined, its services answering): what the trainer is
-        handed, in cluster.json."""
+        handed, in cluster.json (slurm.cluster_note)."""
         nodes = []
         for other in range(self.node.num_nodes):
             note = self._wait_for_note(self.attempt.ready(other), f"node {other} to be ready")
-            urls = note["services"]
+            urls = note["services"]  # each service's workers' URLs
+            (reward,) = urls["reward"]  # one process
+            unseen = urls.get("tools-unseen")
             nodes.append(
-                {
-                    "node": other,
-                    "resource": node_resource(other),
-                    "tools": urls["tools"],
-                    "reward": urls["reward"],
-                    "tools_unseen": urls.get("tools-unseen"),
-                }
+                ClusterNode(
+                    node=other,
+                    resource=node_resource(other),
+                    tools=tuple(urls["tools"]),
+                    reward=reward,
+                    tools_unseen=tuple(unseen) if unseen else None,
+                )
             )
         assert self.ray is not None
-        write_json(
-            self.attempt.cluster,
-            {"attempt": self.node.attempt, "ray_address": self.ray.address, "nodes": nodes},
+        write_cluster(
+            self.attempt.cluster, ClusterNote(self.node.attempt, self.ray.address, tuple(nodes))
         )
 
     def _start_trainer(self, environment: dict[str, str]) -> None:

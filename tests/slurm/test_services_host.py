@@ -50,6 +50,6 @@ def test_a_node_binds_its_services_to_its_own_address(tmp_path: Path, corpus_fil
         bootstrap._stop_children()
     address = node_ip()
     assert urls == {
-        "tools": f"http://{address}:{ports.tools}",
-        "reward": f"http://{address}:{ports.reward}",
+        "tools": [f"http://{address}:{ports.tools}"],
+        "reward": [f"http://{address}:{ports.reward}"],
     }

@@ -60,7 +60,7 @@ from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, ServiceSpec, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
-from slurm.cluster_note import ClusterNode, ClusterNote, write_cluster
+from slurm.cluster_note import ClusterNote, node_from_ready, write_cluster
 from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.egress import ProbeResult, Upstreams, probe_egress
 from slurm.environment import NodeInfo, current_node
@@ -68,7 +68,7 @@ from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
 from slurm.preemption import WarnedSave
 from slurm.process_start import process_started_at
-from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode, node_resource
+from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode
 from slurm.run_folder import RunFolder, read_json, write_json
 
 logger = logging.getLogger("deepdive.job")
@@ -433,18 +433,7 @@ class NodeBootstrap:
         nodes = []
         for other in range(self.node.num_nodes):
             note = self._wait_for_note(self.attempt.ready(other), f"node {other} to be ready")
-            urls = note["services"]  # each service's workers' URLs
-            (reward,) = urls["reward"]  # one process
-            unseen = urls.get("tools-unseen")
-            nodes.append(
-                ClusterNode(
-                    node=other,
-                    resource=node_resource(other),
-                    tools=tuple(urls["tools"]),
-                    reward=reward,
-                    tools_unseen=tuple(unseen) if unseen else None,
-                )
-            )
+            nodes.append(node_from_ready(other, note["services"]))
         assert self.ray is not None
         write_cluster(
             self.attempt.cluster, ClusterNote(self.node.attempt, self.ray.address, tuple(nodes))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from services.base.errors import RuntimeFailure
+from slurm.ray_cluster import node_resource
 from slurm.run_folder import read_json, write_json
 
 
@@ -45,6 +46,20 @@ class ClusterNote:
     def reward_urls(self) -> tuple[str, ...]:
         """Every node's reward server, in the same order of nodes."""
         return tuple(node.reward for node in self.nodes)
+
+
+def node_from_ready(node: int, services: dict[str, list[str]]) -> ClusterNode:
+    """Node `node`'s entry from its ready note's "services" (each service's workers' URLs,
+    node-K.json): the tool servers' lists as they are, the reward server's one URL."""
+    (reward,) = services["reward"]  # one process
+    unseen = services.get("tools-unseen")
+    return ClusterNode(
+        node=node,
+        resource=node_resource(node),
+        tools=tuple(services["tools"]),
+        reward=reward,
+        tools_unseen=tuple(unseen) if unseen else None,
+    )
 
 
 def write_cluster(path: Path, note: ClusterNote) -> None:

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from services.base.errors import RuntimeFailure
-from slurm.cluster_note import ClusterNode, ClusterNote, read_cluster, write_cluster
+from slurm.cluster_note import (
+    ClusterNode,
+    ClusterNote,
+    node_from_ready,
+    read_cluster,
+    write_cluster,
+)
 
 NOTE = ClusterNote(
     "7-0",
@@ -40,6 +46,20 @@ def test_a_written_note_reads_back_with_every_nodes_workers_as_lists(tmp_path: P
         ("http://10.0.0.2:20010",),
     )
     assert NOTE.reward_urls == ("http://10.0.0.1:20020", "http://10.0.0.2:20020")
+
+
+def test_node_0_writes_the_ready_notes_workers_as_they_were(tmp_path: Path) -> None:
+    """What bootstrap._join does: each node's ready note (each service's workers' URLs, a
+    list) becomes its entry; nothing is joined or split on the way."""
+    ready = [
+        {"tools": list(NOTE.nodes[0].tools), "reward": [NOTE.nodes[0].reward],
+         "tools-unseen": ["http://10.0.0.1:20030"]},
+        {"tools": list(NOTE.nodes[1].tools), "reward": [NOTE.nodes[1].reward]},
+    ]  # fmt: skip
+    nodes = tuple(node_from_ready(node, services) for node, services in enumerate(ready))
+    path = tmp_path / "cluster.json"
+    write_cluster(path, ClusterNote("7-0", "10.0.0.1:6379", nodes))
+    assert read_cluster(path) == NOTE
 
 
 def test_no_note_yet_is_none(tmp_path: Path) -> None:

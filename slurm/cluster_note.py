@@ -51,7 +51,10 @@ class ClusterNote:
 def node_from_ready(node: int, services: dict[str, list[str]]) -> ClusterNode:
     """Node `node`'s entry from its ready note's "services" (each service's workers' URLs,
     node-K.json): the tool servers' lists as they are, the reward server's one URL."""
-    (reward,) = services["reward"]  # one process
+    rewards = services["reward"]
+    if len(rewards) != 1:  # the reward server is one process (ServiceSpec without workers)
+        raise RuntimeFailure(f"node {node}'s reward server announced {rewards!r}, not one URL")
+    (reward,) = rewards
     unseen = services.get("tools-unseen")
     return ClusterNode(
         node=node,

@@ -80,3 +80,9 @@ def test_a_node_whose_tools_are_not_a_list_of_urls_is_named(tmp_path: Path, tool
         RuntimeFailure, match=r"cluster.json: node entry 1 lacks its .*tools \(a list"
     ):
         read_cluster(path)
+
+
+def test_a_reward_server_of_other_than_one_url_is_named() -> None:
+    services = {"tools": ["http://10.0.0.1:20010"], "reward": ["http://a:1", "http://a:2"]}
+    with pytest.raises(RuntimeFailure, match=r"node 1's reward server announced .* not one URL"):
+        node_from_ready(1, services)

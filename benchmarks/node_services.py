@@ -57,6 +57,7 @@ from services.base.process import ServiceProcess
 from services.serving.serve import bind, start_server_thread
 from slurm.backends.slime.backend import CUSTOM_CONFIG, SlimeBackend
 from slurm.backends.slime.replay import replay
+from slurm.cluster_note import ClusterNode, ClusterNote, write_cluster
 from slurm.config import ExperimentConfig, load_experiment
 from slurm.run_folder import AttemptFolder, RunFolder
 
@@ -169,12 +170,11 @@ def write_yaml(
     """cluster.json as node 0's bootstrap writes it (slurm/bootstrap.py, `_join`), then the
     backend's YAML from it, as node 0 writes it before train.py starts."""
     attempt.root.mkdir(parents=True, exist_ok=True)
-    entries = [
-        {"node": n, "resource": f"deepdive_node_{n}", "tools": node["tools"],
-         "reward": node["reward"], "tools_unseen": None}
+    entries = tuple(
+        ClusterNode(n, f"deepdive_node_{n}", tuple(node["workers"]), node["reward"])
         for n, node in enumerate(nodes)
-    ]  # fmt: skip
-    attempt.cluster.write_text(json.dumps({"attempt": attempt.root.name, "nodes": entries}))
+    )
+    write_cluster(attempt.cluster, ClusterNote(attempt.root.name, "", entries))
     SlimeBackend(config).before_training(attempt)
 
 

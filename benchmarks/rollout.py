@@ -29,8 +29,8 @@ PROMPT = "<|im_start|>user\nWhich clockmaker built the silver orrery of Haldor?<
 async def run_rollouts(base: str, samples: int) -> tuple[float, float, list[LocalSample]]:
     settings = RolloutSettings(
         sglang_url=base,
-        tool_server_url=base,
-        reward_server_url=base,
+        tool_server_url=((base,),),
+        reward_server_url=(base,),
         max_turns=TURNS + 1,
         max_context_tokens=1_000_000,
     )

@@ -89,8 +89,8 @@ async def episodes(
 
     args = Namespace(
         deepdive_sglang_url=url,
-        deepdive_tool_server_url=url,
-        deepdive_reward_server_url=url,
+        deepdive_tool_server_url=[[url]],
+        deepdive_reward_server_url=[url],
         deepdive_tokenizer=tokenizer,
         deepdive_max_turns=turns + 1,
         rollout_max_context_len=1_000_000,

@@ -9,10 +9,13 @@ Inside slime the launcher writes `slime_custom_config` into a YAML file passed a
 actors) reads them here. The local backend passes the same keys on a Namespace. An
 environment variable is only a fallback, for running the hook by hand.
 
-The tool and reward server settings are base URLs; DeepDive's own variables name the endpoints
-(`.../tool`, `.../evaluate`), so those exact trailing segments are taken off when read here
-(`endpoint_base`), and either spelling works. A job of several nodes gives every node's URLs:
-each episode keeps to one worker of one node, picked from its prompt (deepdive.routing).
+The tool and reward server settings are base URLs, as lists: the tool server's a list of
+nodes, each a list of its workers' URLs; the reward servers' one per node, in that order. A
+job of several nodes gives every node's: each episode keeps to one worker of one node, picked
+from its prompt (deepdive.routing). Only the environment fallback spells them as one string
+(`nodes_from_text`, `urls_from_text`). DeepDive's own variables name the endpoints (`.../tool`,
+`.../evaluate`), so those exact trailing segments are taken off when read here
+(`endpoint_base`), and either spelling works.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import contextlib
 import logging
 import os
 from argparse import Namespace
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -68,7 +70,11 @@ TOKENIZER_ARG = "deepdive_tokenizer"
 # YAML the slime backend writes with the run folder; unset, nothing is recorded.
 TRAJECTORY_DIR_ARG = "deepdive_trajectory_dir"
 _PREFIX = "deepdive_"
-NODES = ";"  # between nodes in the string form of the tool server's URLs
+# The services' URLs: the tool server's, node by node, each node's workers; the reward servers'.
+Nodes = tuple[tuple[str, ...], ...]
+# The one string spelling, only for an environment variable (DEEPDIVE_TOOL_SERVER_URL):
+# a node's workers joined by WORKERS, the nodes by NODES ("http://a:1,http://a:2;http://b:1").
+WORKERS, NODES = ",", ";"
 
 
 def arg_name(field: str) -> str:
@@ -172,32 +178,31 @@ class RolloutSettings(RolloutKnobs):
     """The knobs (RolloutKnobs), with where the services are and the episode's context:
 
     sglang_url          SGLang (router) base URL; default http://{sglang_router_ip}:{sglang_router_port}
-    tool_server_url     the tool server's base URL (POST /tool), or its workers' URLs separated
-                        by commas (a list is read too), and with several nodes each node's
-                        separated by semicolons (a list of lists is read too): each episode
+    tool_server_url     the tool server's base URLs (POST /tool), a list of nodes, each a list
+                        of its workers' URLs (one for a server of one process): each episode
                         keeps to one worker of one node, picked from its prompt
-                        (deepdive.routing); `tool_server_nodes` has them split; read from args,
-                        `.../tool` works too (for each URL)
-    reward_server_url   the reward server's base URL (POST /evaluate, /evaluate/batch), or one
-                        per node separated by commas (or a list), in the tool server's order
-                        of nodes: a sample's reward comes from its prompt's node; read from
-                        args, `.../evaluate` and `.../evaluate/batch` work too
+                        (deepdive.routing); read from args, `.../tool` works too (for each URL)
+    reward_server_url   the reward servers' base URLs (POST /evaluate, /evaluate/batch), a list,
+                        one per node in the tool server's order of nodes: a sample's reward
+                        comes from its prompt's node; read from args, `.../evaluate` and
+                        `.../evaluate/batch` work too
     max_context_tokens  prompt + response never exceed this (slime's --rollout-max-context-len)
     """
 
     sglang_url: str
-    tool_server_url: str
-    reward_server_url: str
+    tool_server_url: Nodes
+    reward_server_url: tuple[str, ...]
     max_context_tokens: int = 32_768
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive(arg_name("max_context_tokens"), self.max_context_tokens)
         _check_url(arg_name("sglang_url"), self.sglang_url)
-        urls = service_urls(self.tool_server_url, self.reward_server_url)
-        # one spelling, always: workers joined by commas, nodes by semicolons
-        object.__setattr__(self, "tool_server_url", urls[arg_name("tool_server_url")])
-        object.__setattr__(self, "reward_server_url", urls[arg_name("reward_server_url")])
+        # checked, and tuples whatever sequences were given (a YAML file's are lists)
+        tools = checked_nodes(arg_name("tool_server_url"), self.tool_server_url)
+        object.__setattr__(self, "tool_server_url", tools)
+        rewards = checked_urls(arg_name("reward_server_url"), self.reward_server_url)
+        object.__setattr__(self, "reward_server_url", rewards)
 
     @classmethod
     def of(
@@ -205,8 +210,8 @@ class RolloutSettings(RolloutKnobs):
         knobs: RolloutKnobs,
         *,
         sglang_url: str,
-        tool_server_url: str,
-        reward_server_url: str,
+        tool_server_url: Nodes,
+        reward_server_url: tuple[str, ...],
         max_context_tokens: int,
     ) -> RolloutSettings:
         """`knobs` (a table's, embedding them) with the URLs and the context of one rollout."""
@@ -219,9 +224,9 @@ class RolloutSettings(RolloutKnobs):
         )
 
     @property
-    def tool_server_nodes(self) -> tuple[tuple[str, ...], ...]:
+    def tool_server_nodes(self) -> Nodes:
         """Each node's tool server: its workers' base URLs (one for a server of one process)."""
-        return tuple(tuple(node.split(",")) for node in self.tool_server_url.split(NODES))
+        return self.tool_server_url
 
     @property
     def tool_server_urls(self) -> tuple[str, ...]:
@@ -231,30 +236,31 @@ class RolloutSettings(RolloutKnobs):
     @property
     def reward_server_urls(self) -> tuple[str, ...]:
         """The reward servers' base URLs: one, or one per node."""
-        return tuple(self.reward_server_url.split(","))
+        return self.reward_server_url
 
     def as_args(self) -> dict[str, Any]:
-        """Every setting under its `args` name: the attributes of a Namespace;
-        `settings_from_args` reads back exactly these settings."""
-        return {arg_name(item.name): getattr(self, item.name) for item in fields(self)}
+        """Every setting under its `args` name: the attributes of a Namespace, the URLs as
+        lists (what a YAML file holds); `settings_from_args` reads back exactly these."""
+        values = {arg_name(item.name): getattr(self, item.name) for item in fields(self)}
+        return {**values, **service_urls(self.tool_server_url, self.reward_server_url)}
 
 
-def service_urls(tool_server_url: object, reward_server_url: object) -> dict[str, str]:
-    """The services' URLs under their `args` names, checked and in the one spelling the hook
-    reads (`node_lists`, `url_list`): workers joined by commas, nodes by semicolons."""
-    nodes = node_lists(arg_name("tool_server_url"), tool_server_url)
-    rewards = url_list(arg_name("reward_server_url"), reward_server_url)
+def service_urls(tool_server_url: Nodes, reward_server_url: tuple[str, ...]) -> dict[str, Any]:
+    """The services' URLs under their `args` names, checked (`checked_nodes`, `checked_urls`)
+    and as lists, which YAML writes and slime sets on `args` as they are."""
+    nodes = checked_nodes(arg_name("tool_server_url"), tool_server_url)
+    rewards = checked_urls(arg_name("reward_server_url"), reward_server_url)
     return {
-        arg_name("tool_server_url"): NODES.join(",".join(node) for node in nodes),
-        arg_name("reward_server_url"): ",".join(rewards),
+        arg_name("tool_server_url"): [list(node) for node in nodes],
+        arg_name("reward_server_url"): list(rewards),
     }
 
 
 def slime_custom_config(
     knobs: RolloutKnobs,
     max_context_tokens: int,
-    tool_server_url: str,
-    reward_server_url: str,
+    tool_server_url: Nodes,
+    reward_server_url: tuple[str, ...],
     trajectory_dir: str | None = None,
 ) -> dict[str, Any]:
     """The keys of slime's --custom-config-path YAML, which slime sets on `args`: the knobs,
@@ -310,51 +316,73 @@ def endpoint_base(key: str, url: str) -> str:
 def _check_url(key: str, url: object, where: str = "") -> None:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ConfigError(f"{key}: {where}expected an http(s) URL, got {url!r}")
-    if "," in url or NODES in url:
+    if WORKERS in url or NODES in url:
         raise ConfigError(
-            f"{key}: {where}one URL each, without ',' or ';' (they separate workers and "
-            f"nodes), got {url!r}"
+            f"{key}: {where}one URL each, without {WORKERS!r} or {NODES!r} (a list holds "
+            f"several), got {url!r}"
         )
 
 
-def url_list(key: str, value: object, where: str = "") -> tuple[str, ...]:
-    """Base URLs from "URL", "URL,URL,..." or a list of URLs (what a YAML file may hold),
-    each checked; a bad one is named with its position."""
-    if isinstance(value, str) and "," not in value:
-        _check_url(key, value, where)
-        return (value,)
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not items:
-        raise ConfigError(f"{key}: {where}expected an http(s) URL or several, got {value!r}")
-    urls = []
-    for position, item in enumerate(items, start=1):
-        url = item.strip() if isinstance(item, str) else item
-        _check_url(key, url, f"{where}URL {position} of {len(items)}: ")
-        urls.append(url)
+def checked_urls(key: str, value: object, where: str = "") -> tuple[str, ...]:
+    """A non-empty list (or tuple) of distinct http(s) URLs, as a tuple; a bad one is named
+    with its position."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ConfigError(
+            f"{key}: {where}expected a list of http(s) URLs{_hint(key, value)}, got {value!r}"
+        )
+    for position, url in enumerate(value, start=1):
+        _check_url(key, url, f"{where}URL {position} of {len(value)}: ")
+    urls = tuple(value)
     if len(set(urls)) != len(urls):
-        raise ConfigError(f"{key}: the same URL is listed twice in {value!r}")
-    return tuple(urls)
+        raise ConfigError(f"{key}: {where}the same URL is listed twice in {value!r}")
+    return urls
 
 
-def node_lists(key: str, value: object) -> tuple[tuple[str, ...], ...]:
-    """Each node's workers' base URLs from the forms `url_list` reads (one node), "node;node"
-    with each node in the comma form, or a list of nodes, each a list or the comma form;
-    checked as `url_list` does, a bad node named with its position, no URL twice."""
-    items: Sequence[object]
-    if isinstance(value, str) and NODES in value:
-        items = value.split(NODES)
-    elif isinstance(value, list | tuple) and any(isinstance(i, list | tuple) for i in value):
-        items = value
-    else:
-        return (url_list(key, value),)
+def checked_nodes(key: str, value: object) -> Nodes:
+    """A non-empty list of nodes, each a list of its workers' URLs (`checked_urls`), as tuples;
+    a bad node is named with its position, and no URL may be listed twice."""
+    if not isinstance(value, list | tuple) or not value:
+        raise ConfigError(
+            f"{key}: expected a list of nodes, each a list of its workers' http(s) URLs"
+            f"{_hint(key, value)}, got {value!r}"
+        )
     nodes = tuple(
-        url_list(key, item, f"node {position} of {len(items)}: ")
-        for position, item in enumerate(items, start=1)
+        checked_urls(key, node, f"node {position} of {len(value)}: ")
+        for position, node in enumerate(value, start=1)
     )
     every = [url for node in nodes for url in node]
     if len(set(every)) != len(every):
         raise ConfigError(f"{key}: the same URL is listed twice in {value!r}")
     return nodes
+
+
+def _hint(key: str, value: object) -> str:
+    return f" (a string only in {env_name(key)})" if isinstance(value, str) else ""
+
+
+def env_name(key: str) -> str:
+    """The environment variable a setting falls back to: max_turns -> DEEPDIVE_MAX_TURNS."""
+    return "DEEPDIVE_" + key.removeprefix(_PREFIX).upper()
+
+
+def urls_from_text(field: str, text: str) -> tuple[str, ...]:
+    """The one string spelling of a list of URLs, for an environment variable
+    (DEEPDIVE_REWARD_SERVER_URL): joined by commas, blanks around each ignored, each URL's
+    trailing endpoint taken off (`endpoint_base`); checked as `checked_urls` does."""
+    urls = [endpoint_base(field, url.strip()) for url in text.split(WORKERS)]
+    return checked_urls(arg_name(field), urls)
+
+
+def nodes_from_text(field: str, text: str) -> Nodes:
+    """The one string spelling of the tool server's nodes, for DEEPDIVE_TOOL_SERVER_URL: each
+    node's workers as `urls_from_text` reads them, the nodes joined by semicolons
+    ("http://a:1,http://a:2;http://b:1"; one URL is one node of one worker); checked as
+    `checked_nodes` does."""
+    nodes = [
+        [endpoint_base(field, url.strip()) for url in node.split(WORKERS)]
+        for node in text.split(NODES)
+    ]
+    return checked_nodes(arg_name(field), nodes)
 
 
 _CONTEXT_DEFAULT = RolloutSettings.__dataclass_fields__["max_context_tokens"].default
@@ -369,7 +397,7 @@ def rollout_args(settings: RolloutSettings, tokenizer: Any = None) -> Namespace:
 def _value(args: Any, key: str, default: Any) -> Any:
     value = getattr(args, arg_name(key), None)
     if value is None:
-        value = os.environ.get(f"DEEPDIVE_{key.upper()}")
+        value = os.environ.get(env_name(key))
     if value is None:
         return default
     kind = type(default) if default is not None else str
@@ -381,20 +409,26 @@ def _value(args: Any, key: str, default: Any) -> Any:
     return value
 
 
-def _service_url(args: Any, key: str) -> Any:
-    """The setting with each URL's trailing endpoint taken off: one URL, a comma list, a list,
-    or nodes of those (`node_lists`); anything else is left for validation to name."""
-    return _endpoint_bases(key, _value(args, key, None))
+def _service_urls(args: Any, field: str) -> Any:
+    """The setting from `args` (lists: a YAML file's, the local backend's), each URL's
+    trailing endpoint taken off; else the environment variable's one string spelling; else
+    None, which validation names. Anything else is left for validation to name."""
+    value = getattr(args, arg_name(field), None)
+    if value is not None:
+        return _endpoint_bases(field, value)
+    text = os.environ.get(env_name(field))
+    if text is None:
+        return None
+    if field == "tool_server_url":
+        return nodes_from_text(field, text)
+    return urls_from_text(field, text)
 
 
-def _endpoint_bases(key: str, value: Any) -> Any:
+def _endpoint_bases(field: str, value: Any) -> Any:
     if isinstance(value, str):
-        return NODES.join(
-            ",".join(endpoint_base(key, url.strip()) for url in node.split(","))
-            for node in value.split(NODES)
-        )
+        return endpoint_base(field, value)
     if isinstance(value, list | tuple):
-        return [_endpoint_bases(key, item) for item in value]
+        return [_endpoint_bases(field, item) for item in value]
     return value
 
 
@@ -411,8 +445,8 @@ def settings_from_args(args: Any) -> RolloutSettings:
     settings = RolloutSettings(
         **knobs,
         sglang_url=_value(args, "sglang_url", router),
-        tool_server_url=_service_url(args, "tool_server_url"),
-        reward_server_url=_service_url(args, "reward_server_url"),
+        tool_server_url=_service_urls(args, "tool_server_url"),
+        reward_server_url=_service_urls(args, "reward_server_url"),
         max_context_tokens=_value(args, "max_context_tokens", context),
     )
     with contextlib.suppress(AttributeError):  # an args object that refuses attributes

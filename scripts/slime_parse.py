@@ -82,7 +82,8 @@ OVERRIDES = [
     f'services.env_file="{WORLD}/keys.env"',
 ]
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
-URLS = {"tools": "http://10.0.0.1:20010", "reward": "http://10.0.0.1:20011"}
+# one node: its tool server's one worker, its reward server
+URLS = {"tools": [["http://10.0.0.1:20010"]], "reward": ["http://10.0.0.1:20011"]}
 
 
 def make_world(root: Path) -> None:
@@ -114,7 +115,9 @@ def launcher_argv(config_file: Path, root: Path) -> list[str]:
     overrides = [item.replace(WORLD, str(root)) for item in OVERRIDES]
     config = load_experiment(config_file, overrides)
     command = slime_arguments(config, root / CUSTOM_CONFIG)
-    (root / CUSTOM_CONFIG).write_text(yaml.safe_dump(custom_config(config, URLS)))
+    tools = tuple(tuple(node) for node in URLS["tools"])
+    custom = custom_config(config, tools, tuple(URLS["reward"]))
+    (root / CUSTOM_CONFIG).write_text(yaml.safe_dump(custom))
     return command.arguments()
 
 

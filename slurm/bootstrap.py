@@ -59,6 +59,7 @@ from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, ServiceSpec, build_backend
 from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
+from slurm.cluster_note import ClusterNote, node_from_ready, write_cluster
 from slurm.config import NODE_ADDRESS, ExperimentConfig
 from slurm.egress import ProbeResult, Upstreams, probe_egress
 from slurm.environment import NodeInfo, current_node
@@ -67,7 +68,7 @@ from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
 from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
 from slurm.preemption import WarnedSave
 from slurm.process_start import process_started_at
-from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode, node_resource
+from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode
 from slurm.run_folder import read_json, write_json
 
 logger = logging.getLogger("deepdive.job")
@@ -401,11 +402,11 @@ class NodeBootstrap:
             self.service_specs[spec.name] = spec
             service.launch()
 
-    def _services_ready(self) -> dict[str, str]:
+    def _services_ready(self) -> dict[str, list[str]]:
         """Every service answering /ready, then a tool server on the internet probed (one real
         search and one real read: slurm/egress.py): the services' URLs other nodes use."""
-        urls = {
-            service.name: reachable(service.wait_ready(check=self._check), self.address)
+        urls = {  # each service's workers' URLs
+            service.name: [reachable(url, self.address) for url in service.wait_ready(self._check)]
             for service in self.services
         }
         for service in self.services:
@@ -455,24 +456,14 @@ class NodeBootstrap:
 
     def _join(self) -> None:
         """Every node ready (its Ray joined, its services answering): what the trainer is
-        handed, in cluster.json."""
+        handed, in cluster.json (slurm.cluster_note)."""
         nodes = []
         for other in range(self.node.num_nodes):
             note = self._wait_for_note(self.attempt.ready(other), f"node {other} to be ready")
-            urls = note["services"]
-            nodes.append(
-                {
-                    "node": other,
-                    "resource": node_resource(other),
-                    "tools": urls["tools"],
-                    "reward": urls["reward"],
-                    "tools_unseen": urls.get("tools-unseen"),
-                }
-            )
+            nodes.append(node_from_ready(other, note["services"]))
         assert self.ray is not None
-        write_json(
-            self.attempt.cluster,
-            {"attempt": self.node.attempt, "ray_address": self.ray.address, "nodes": nodes},
+        write_cluster(
+            self.attempt.cluster, ClusterNote(self.node.attempt, self.ray.address, tuple(nodes))
         )
 
     def _start_trainer(self, environment: dict[str, str]) -> None:

@@ -95,7 +95,7 @@ def env_file_values(config: ExperimentConfig) -> dict[str, str]:
 
 
 @contextmanager
-def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, str]]:
+def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, list[str]]]:
     """The backend's services on loopback (free ports), with the env file's keys, for the
     duration of the evaluation; the rollout here sends the file's service token."""
     secrets = env_file_values(config)
@@ -110,7 +110,7 @@ def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, str]]:
             process = ServiceProcess(
                 spec.name, arguments, logs / f"{spec.name}.log", environment=secrets
             )
-            urls[spec.name] = stack.enter_context(process).url
+            urls[spec.name] = stack.enter_context(process).urls
         yield urls
 
 
@@ -143,8 +143,8 @@ def evaluate(
                 settings = RolloutSettings.of(
                     training.knobs,
                     sglang_url=sglang,
-                    tool_server_url=urls["tools"],
-                    reward_server_url=urls["reward"],
+                    tool_server_url=(tuple(urls["tools"]),),  # one node's workers
+                    reward_server_url=tuple(urls["reward"]),
                     max_context_tokens=training.max_context_tokens,
                 )
                 args = rollout_args(settings, tokenizer)

@@ -18,7 +18,8 @@ RunFolder extends), and the notes its nodes leave each other there.
         storage/node-K              node K's proof that it writes where the others read
         head.json                   the Ray head's address and host (node 0)
         data.json                   the backend's data is ready (node 0)
-        node-K.json                 node K is ready: its ports and service URLs
+        node-K.json                 node K is ready: its ports and service URLs (each a list)
+        cluster.json                node 0: every node ready, its URLs (slurm/cluster_note.py)
         failed-node-K.json          node K failed: the phase and why
         end.json                    node 0: the trainer ended (exit code), everyone stops
         requeue-asked.json          node 0's submitit asked for a requeue (slurm/requeue.py)

@@ -156,11 +156,14 @@ def reward_app() -> Any:
     )
 
 
-def make_args(sglang: str, services: dict[str, str], **extra: Any) -> Namespace:
+def make_args(sglang: str, services: dict[str, Any], **extra: Any) -> Namespace:
+    """The hook's args against `services`: "tools" one URL, or one server's workers' URLs (a
+    list); "reward" one URL."""
+    tools = services["tools"]
     settings = RolloutSettings(
         sglang_url=sglang,
-        tool_server_url=services["tools"],
-        reward_server_url=services["reward"],
+        tool_server_url=((tools,),) if isinstance(tools, str) else (tuple(tools),),
+        reward_server_url=(services["reward"],),
         retries=0,
         max_context_tokens=extra.pop("context", 100_000),
         **extra,

@@ -34,9 +34,9 @@ class NodeServices:
 
     node: int
     resource: str  # the Ray custom resource that places an actor on this node
-    tools: str
+    tools: tuple[str, ...]  # the node's tool server workers' base URLs
     reward: str
-    tools_unseen: str | None = None
+    tools_unseen: tuple[str, ...] | None = None
 
 
 class WorkerStartError(RuntimeFailure):

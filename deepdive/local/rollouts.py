@@ -45,14 +45,15 @@ class Rollouts(Protocol):
 
 
 def settings_for(
-    config: LocalRunConfig, sglang_url: str, tool_url: str, reward_url: str
+    config: LocalRunConfig, sglang_url: str, tool_urls: tuple[str, ...], reward_url: str
 ) -> RolloutSettings:
-    """The run's rollout knobs ([rollout]) against these services."""
+    """The run's rollout knobs ([rollout]) against these services: one node's tool server
+    (its workers' URLs) and reward server."""
     return RolloutSettings.of(
         config.rollout,
         sglang_url=sglang_url,
-        tool_server_url=tool_url,
-        reward_server_url=reward_url,
+        tool_server_url=(tool_urls,),
+        reward_server_url=(reward_url,),
         max_context_tokens=config.rollout.max_context_tokens,
     )
 
@@ -102,12 +103,16 @@ def local_rollouts(
         sglang, engine = stack.enter_context(
             engine_server(model, tokenizer, config.rollout.max_batch)
         )
-        say(f"services: tools {tools.url}, reward {reward.url}, engine {sglang}")
-        args = {WORLD: rollout_args(settings_for(config, sglang, tools.url, reward.url), tokenizer)}
+        say(f"services: tools {' '.join(tools.urls)}, reward {reward.url}, engine {sglang}")
+        args = {
+            WORLD: rollout_args(
+                settings_for(config, sglang, tuple(tools.urls), reward.url), tokenizer
+            )
+        }
         if unseen_world is not None:
             unseen = stack.enter_context(tool_server(unseen_world, logs / "unseen_tool_server.log"))
-            say(f"unseen world: tools {unseen.url}")
+            say(f"unseen world: tools {' '.join(unseen.urls)}")
             args[UNSEEN] = rollout_args(
-                settings_for(config, sglang, unseen.url, reward.url), tokenizer
+                settings_for(config, sglang, tuple(unseen.urls), reward.url), tokenizer
             )
         yield InProcessRollouts(engine, args)

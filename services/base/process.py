@@ -164,7 +164,7 @@ class ServiceProcess:
         self.url = ""
         self._started = 0.0
 
-    def start(self) -> str:
+    def start(self) -> list[str]:
         self.launch()
         return self.wait_ready()
 
@@ -183,11 +183,12 @@ class ServiceProcess:
 
     @property
     def urls(self) -> list[str]:
-        """Every worker's base URL (one for a single-process service); `url` joins them."""
+        """Every worker's base URL (one for a single-process service), from the announcement;
+        `url` is its token as logged, the URLs joined by commas."""
         return self.url.split(",") if self.url else []
 
-    def wait_ready(self, check: Callable[[], None] | None = None) -> str:
-        """The service's URL once every worker answers /ready; `check()` may give up earlier."""
+    def wait_ready(self, check: Callable[[], None] | None = None) -> list[str]:
+        """Every worker's URL once each answers /ready; `check()` may give up earlier."""
 
         def checks() -> None:
             self._check_alive()
@@ -204,7 +205,7 @@ class ServiceProcess:
                 f"the {self.name} server was not ready after {self.ready_timeout_s:.0f} s; "
                 f"its log ({self.log_path}) ends with:\n{self._log_tail()}"
             ) from None
-        return self.url
+        return self.urls
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -28,10 +28,11 @@ from rich.console import Console
 
 from services.base.cli import run_handler
 from services.base.waiting import wait_for
+from slurm.cluster_note import read_cluster
 from slurm.config import load_experiment, local_run_config
 from slurm.phases import PhaseLog
 from slurm.ray_cluster import node_resource
-from slurm.run_folder import AttemptFolder, RunFolder, read_json
+from slurm.run_folder import AttemptFolder, RunFolder
 
 
 def train(args: argparse.Namespace) -> None:
@@ -119,13 +120,16 @@ def node_rollouts(
     each playing against its own node's services."""
     from deepdive.local.ray_rollouts import NodeServices, cluster_rollouts
 
-    def probe() -> dict[str, Any] | None:
-        note = read_json(cluster_file)
-        return note if isinstance(note, dict) else None
-
     workers = pool.pool()
-    cluster = wait_for(probe, timeout_s=timeout_s, what=f"every node to be ready ({cluster_file})")
-    nodes = [NodeServices(**node) for node in cluster["nodes"]]
+    cluster = wait_for(
+        functools.partial(read_cluster, cluster_file),
+        timeout_s=timeout_s,
+        what=f"every node to be ready ({cluster_file})",
+    )
+    nodes = [
+        NodeServices(node.node, node.resource, node.tools, node.reward, node.tools_unseen)
+        for node in cluster.nodes
+    ]
     return cluster_rollouts(workers, nodes, timeout_s, config, paths, say)
 
 

@@ -339,8 +339,8 @@ async def test_the_rollout_runs_on_the_engine_with_a_real_tokenizer(
     ):
         settings = RolloutSettings(
             sglang_url=sglang,
-            tool_server_url=tools,
-            reward_server_url=reward,
+            tool_server_url=((tools,),),
+            reward_server_url=(reward,),
             max_turns=3,
             max_context_tokens=2048,
         )

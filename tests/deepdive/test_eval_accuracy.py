@@ -124,7 +124,7 @@ def test_the_local_runs_evaluation_is_over_the_answered_episodes(
         "metadata": {"remote_env_info": {"forbidden_texts": [FORBIDDEN_QUESTION]}},
     }
     with serve_in_thread(FakeSGLang(script).app()) as sglang:
-        settings = settings_for(config, sglang, services["tools"], services["reward"])
+        settings = settings_for(config, sglang, (services["tools"],), services["reward"])
         args = rollout_args(settings, tokenizer)
         rollouts = InProcessRollouts(engine=None, args={WORLD: args})
         held_out = Evaluation("held-out", WORLD, [row])

@@ -110,10 +110,10 @@ def test_the_local_rollout_plays_with_its_tables_knobs() -> None:
     config = load_local_config(
         None, ["rollout.tool_timeout_s=7", "rollout.retries=0", "rollout.generate_timeout_s=9"]
     )
-    settings = settings_for(config, "http://engine:1", "http://tools:2", "http://reward:3")
+    settings = settings_for(config, "http://engine:1", ("http://tools:2",), "http://reward:3")
     assert (settings.tool_timeout_s, settings.generate_timeout_s, settings.retries) == (7, 9, 0)
     assert (settings.max_turns, settings.max_context_tokens) == (64, 2048)
-    assert settings.tool_server_url == "http://tools:2"
+    assert settings.tool_server_url == (("http://tools:2",),)
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:

@@ -350,7 +350,7 @@ def test_a_local_step_mostly_aborted_stops_the_run_too(tmp_path: Path) -> None:
     run = RunContext(config, RunPaths(tmp_path), Console(file=io.StringIO()))
     closed = "http://127.0.0.1:9"
     with serve_in_thread(FakeSGLang([]).app()) as sglang:
-        args = rollout_args(settings_for(config, sglang, closed, closed), tokenizer)
+        args = rollout_args(settings_for(config, sglang, (closed,), closed), tokenizer)
         rollouts = InProcessRollouts(engine=None, args={WORLD: args})
         with pytest.raises(RolloutAborted, match=r"^rollout 3: 2 of 2 episodes ABORTED") as error:
             grpo_step(run, 3, None, rollouts, [row], PromptSampler(1, 0))  # type: ignore[arg-type]

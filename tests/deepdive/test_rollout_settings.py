@@ -9,8 +9,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import yaml
+from hypothesis import strategies as st
 
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.rollout_settings import (
@@ -19,7 +21,10 @@ from deepdive.rollout_settings import (
     RolloutSettings,
     arg_name,
     endpoint_base,
+    env_name,
+    nodes_from_text,
     settings_from_args,
+    urls_from_text,
 )
 from services.base.errors import ConfigError
 
@@ -27,8 +32,8 @@ from services.base.errors import ConfigError
 def make_args(**extra: Any) -> Namespace:
     urls = {
         "deepdive_sglang_url": "http://127.0.0.1:1",
-        "deepdive_tool_server_url": "http://127.0.0.1:2",
-        "deepdive_reward_server_url": "http://127.0.0.1:3",
+        "deepdive_tool_server_url": [["http://127.0.0.1:2"]],
+        "deepdive_reward_server_url": ["http://127.0.0.1:3"],
     }
     return Namespace(**{**urls, **extra})
 
@@ -68,7 +73,7 @@ def test_settings_fall_back_to_slime_args_and_environment(monkeypatch: pytest.Mo
         8192,
     )
     assert settings_from_args(args) is settings  # validated once
-    assert json.dumps(settings.tool_server_url) == '"http://10.0.0.5:8700"'
+    assert json.dumps(settings.tool_server_url) == '[["http://10.0.0.5:8700"]]'
 
 
 @pytest.mark.parametrize(
@@ -106,14 +111,17 @@ def test_deepdive_spellings_of_the_urls_are_read_as_base_urls(
     monkeypatch.setenv("DEEPDIVE_REWARD_SERVER_URL", "http://10.0.0.5:8701/evaluate")
     settings = settings_from_args(Namespace(deepdive_sglang_url="http://10.0.0.1:30000"))
     assert (settings.tool_server_url, settings.reward_server_url) == (
-        "http://10.0.0.5:8700",
-        "http://10.0.0.5:8701",
+        (("http://10.0.0.5:8700",),),
+        ("http://10.0.0.5:8701",),
     )
     from_args = settings_from_args(
-        make_args(deepdive_reward_server_url="http://10.0.0.5:8701/evaluate/batch")
+        make_args(
+            deepdive_tool_server_url=[["http://127.0.0.1:2/tool"]],
+            deepdive_reward_server_url=["http://10.0.0.5:8701/evaluate/batch"],
+        )
     )
-    assert from_args.reward_server_url == "http://10.0.0.5:8701"
-    assert from_args.tool_server_url == "http://127.0.0.1:2"
+    assert from_args.reward_server_url == ("http://10.0.0.5:8701",)
+    assert from_args.tool_server_url == (("http://127.0.0.1:2",),)
 
 
 def test_the_custom_config_yaml_slime_loads_gives_back_the_same_settings(tmp_path: Path) -> None:
@@ -121,8 +129,8 @@ def test_the_custom_config_yaml_slime_loads_gives_back_the_same_settings(tmp_pat
     # file with yaml.safe_load and setattr()s every key on args; the hook then reads them here.
     written = RolloutSettings(
         sglang_url="http://10.0.0.1:30000",
-        tool_server_url="http://10.0.0.1:8700",
-        reward_server_url="http://10.0.0.1:8701",
+        tool_server_url=(("http://10.0.0.1:8700", "http://10.0.0.1:8710"),),
+        reward_server_url=("http://10.0.0.1:8701",),
         max_turns=12,
         on_malformed="continue",
         retries=0,
@@ -148,93 +156,50 @@ def test_the_hook_paths_resolve_as_slime_loads_them(path: str, function: object)
     assert getattr(importlib.import_module(module_path), attribute) is function
 
 
-@pytest.mark.parametrize(
-    "given",
-    [
-        "http://10.0.0.1:20010,http://10.0.0.1:20011",
-        " http://10.0.0.1:20010 , http://10.0.0.1:20011",
-        ["http://10.0.0.1:20010", "http://10.0.0.1:20011"],  # a YAML list
-    ],
-)
-def test_a_tool_server_of_several_workers_is_a_comma_separated_list_or_a_list(
-    given: object, tmp_path: Path
-) -> None:
-    settings = settings_from_args(make_args(deepdive_tool_server_url=given))
-    urls = ("http://10.0.0.1:20010", "http://10.0.0.1:20011")
-    assert settings.tool_server_urls == urls
-    # written one way (the comma form), read back the same through slime's YAML
-    assert settings.as_args()["deepdive_tool_server_url"] == ",".join(urls)
-    path = tmp_path / "custom.yaml"
-    path.write_text(yaml.safe_dump(settings.as_args()))
-    assert settings_from_args(Namespace(**yaml.safe_load(path.read_text()))) == settings
-
-
-def test_one_tool_server_url_reads_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEEPDIVE_TOOL_SERVER_URL", "http://10.0.0.5:8700,http://10.0.0.5:8701")
-    args = Namespace(deepdive_sglang_url="http://a:1", deepdive_reward_server_url="http://b:2")
-    assert settings_from_args(args).tool_server_urls == (
-        "http://10.0.0.5:8700",
-        "http://10.0.0.5:8701",
-    )
-    single = settings_from_args(make_args())
-    assert (single.tool_server_url, single.tool_server_urls) == (
-        "http://127.0.0.1:2",
-        ("http://127.0.0.1:2",),
-    )
-
-
-@pytest.mark.parametrize(
-    ("given", "message"),
-    [
-        ("http://a:1,ftp://b:2", "URL 2 of 2: expected an http(s) URL, got 'ftp://b:2'"),
-        ("http://a:1,", "URL 2 of 2: expected an http(s) URL, got ''"),
-        (["http://a:1", 3, "http://c:3"], "URL 2 of 3: expected an http(s) URL, got 3"),
-        ([], "expected an http(s) URL or several, got []"),
-        ("http://a:1,http://a:1", "the same URL is listed twice in 'http://a:1,http://a:1'"),
-        ("a:1", "expected an http(s) URL, got 'a:1'"),
-    ],
-)
-def test_a_bad_url_in_the_list_is_named(given: object, message: str) -> None:
-    with pytest.raises(ConfigError) as error:
-        settings_from_args(make_args(deepdive_tool_server_url=given))
-    assert error.value.message == f"deepdive_tool_server_url: {message}"
-
-
 NODE_0 = ("http://10.0.0.1:20010", "http://10.0.0.1:20011")
 NODE_1 = ("http://10.0.0.2:20010", "http://10.0.0.2:20011")
+REWARDS = ("http://10.0.0.1:20020", "http://10.0.0.2:20020")
+
+
+def test_the_yaml_holds_the_urls_as_lists_and_reads_them_back(tmp_path: Path) -> None:
+    """What slime's YAML carries: the tool server's nodes as a list of lists of URLs, the
+    reward servers as a list (no joined string to split again)."""
+    settings = settings_from_args(
+        make_args(
+            deepdive_tool_server_url=[list(NODE_0), [f"{NODE_1[0]}/tool", NODE_1[1]]],
+            deepdive_reward_server_url=[REWARDS[0], f"{REWARDS[1]}/evaluate"],
+        )
+    )
+    assert (settings.tool_server_nodes, settings.reward_server_urls) == ((NODE_0, NODE_1), REWARDS)
+    assert settings.tool_server_urls == NODE_0 + NODE_1
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(settings.as_args()))
+    written = yaml.safe_load(path.read_text())
+    assert written["deepdive_tool_server_url"] == [list(NODE_0), list(NODE_1)]
+    assert written["deepdive_reward_server_url"] == list(REWARDS)
+    assert settings_from_args(Namespace(**written)) == settings
 
 
 @pytest.mark.parametrize(
-    "given",
+    ("tools", "nodes"),
     [
-        ",".join(NODE_0) + ";" + ",".join(NODE_1),
-        " http://10.0.0.1:20010/tool, http://10.0.0.1:20011 ;http://10.0.0.2:20010,http://10.0.0.2:20011",
-        [list(NODE_0), list(NODE_1)],  # a YAML list of lists
-        [",".join(NODE_0), list(NODE_1)],  # nodes in the comma form and as lists
+        ("http://10.0.0.1:20010", (("http://10.0.0.1:20010",),)),  # one node of one worker
+        (",".join(NODE_0), (NODE_0,)),
+        (",".join(NODE_0) + ";" + ",".join(NODE_1), (NODE_0, NODE_1)),
+        (
+            " http://10.0.0.1:20010/tool , http://10.0.0.1:20011;" + ",".join(NODE_1),
+            (NODE_0, NODE_1),
+        ),
     ],
 )
-def test_every_nodes_tool_server_workers_are_read_node_by_node(
-    given: object, tmp_path: Path
+def test_the_environment_fallback_spells_the_nodes_as_one_string(
+    tools: str, nodes: tuple[tuple[str, ...], ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = settings_from_args(
-        make_args(
-            deepdive_tool_server_url=given,
-            deepdive_reward_server_url=["http://10.0.0.1:20020", "http://10.0.0.2:20020/evaluate"],
-        )
-    )
-    assert settings.tool_server_nodes == (NODE_0, NODE_1)
-    assert settings.tool_server_urls == NODE_0 + NODE_1
-    assert settings.reward_server_urls == ("http://10.0.0.1:20020", "http://10.0.0.2:20020")
-    # one spelling, read back the same through slime's YAML
-    assert settings.as_args()["deepdive_tool_server_url"] == ",".join(NODE_0) + ";" + ",".join(
-        NODE_1
-    )
-    assert settings.as_args()["deepdive_reward_server_url"] == (
-        "http://10.0.0.1:20020,http://10.0.0.2:20020"
-    )
-    path = tmp_path / "custom.yaml"
-    path.write_text(yaml.safe_dump(settings.as_args()))
-    assert settings_from_args(Namespace(**yaml.safe_load(path.read_text()))) == settings
+    monkeypatch.setenv("DEEPDIVE_TOOL_SERVER_URL", tools)
+    monkeypatch.setenv("DEEPDIVE_REWARD_SERVER_URL", ",".join(REWARDS))
+    settings = settings_from_args(Namespace(deepdive_sglang_url="http://a:1"))
+    assert (settings.tool_server_nodes, settings.reward_server_urls) == (nodes, REWARDS)
+    assert nodes_from_text("tool_server_url", tools) == nodes
 
 
 @pytest.mark.parametrize(
@@ -242,45 +207,127 @@ def test_every_nodes_tool_server_workers_are_read_node_by_node(
     [
         (
             "tool_server_url",
-            "http://a:1;ftp://b:2",
-            "node 2 of 2: expected an http(s) URL, got 'ftp://b:2'",
+            "http://a:1,http://b:2;http://c:3",  # the environment's spelling, in the YAML
+            "expected a list of nodes, each a list of its workers' http(s) URLs (a string only "
+            "in DEEPDIVE_TOOL_SERVER_URL), got 'http://a:1,http://b:2;http://c:3'",
+        ),
+        (
+            "tool_server_url",
+            ["http://a:1", "http://b:2"],  # one node's workers, without the list of nodes
+            "node 1 of 2: expected a list of http(s) URLs (a string only in "
+            "DEEPDIVE_TOOL_SERVER_URL), got 'http://a:1'",
+        ),
+        (
+            "tool_server_url",
+            [],
+            "expected a list of nodes, each a list of its workers' http(s) URLs, got []",
         ),
         (
             "tool_server_url",
             [["http://a:1"], ["http://b:2", 3]],
             "node 2 of 2: URL 2 of 2: expected an http(s) URL, got 3",
         ),
-        ("tool_server_url", "http://a:1;", "node 2 of 2: expected an http(s) URL, got ''"),
         (
             "tool_server_url",
             [["http://a:1"], []],
-            "node 2 of 2: expected an http(s) URL or several, got []",
+            "node 2 of 2: expected a list of http(s) URLs, got []",
         ),
         (
             "tool_server_url",
-            "http://a:1,http://b:2;http://b:2",
-            "the same URL is listed twice in 'http://a:1,http://b:2;http://b:2'",
+            [["http://a:1", "http://b:2"], ["http://b:2"]],
+            "the same URL is listed twice in [['http://a:1', 'http://b:2'], ['http://b:2']]",
         ),
         (
             "tool_server_url",
-            ["http://a:1,http://b:2", "http://c:3"],
-            "URL 1 of 2: one URL each, without ',' or ';' (they separate workers and nodes), "
+            [["http://a:1,http://b:2"]],
+            "node 1 of 1: URL 1 of 1: one URL each, without ',' or ';' (a list holds several), "
             "got 'http://a:1,http://b:2'",
         ),
         (
             "reward_server_url",
-            "http://a:1;http://b:2",
-            "one URL each, without ',' or ';' (they separate workers and nodes), "
-            "got 'http://a:1;http://b:2'",
+            "http://a:1",
+            "expected a list of http(s) URLs (a string only in DEEPDIVE_REWARD_SERVER_URL), "
+            "got 'http://a:1'",
         ),
         (
             "reward_server_url",
-            "http://a:1,ftp://b",
+            ["http://a:1", "ftp://b"],
             "URL 2 of 2: expected an http(s) URL, got 'ftp://b'",
+        ),
+        (
+            "reward_server_url",
+            ["http://a:1", "http://a:1"],
+            "the same URL is listed twice in ['http://a:1', 'http://a:1']",
         ),
     ],
 )
-def test_a_bad_node_is_named(key: str, given: object, message: str) -> None:
+def test_a_malformed_list_is_named_with_its_key_and_what_was_expected(
+    key: str, given: object, message: str
+) -> None:
     with pytest.raises(ConfigError) as error:
         settings_from_args(make_args(**{arg_name(key): given}))
     assert error.value.message == f"{arg_name(key)}: {message}"
+
+
+@pytest.mark.parametrize(
+    ("key", "given", "message"),
+    [
+        (
+            "tool_server_url",
+            "http://a:1;",
+            "node 2 of 2: URL 1 of 1: expected an http(s) URL, got ''",
+        ),
+        (
+            "tool_server_url",
+            "http://a:1,ftp://b:2",
+            "node 1 of 1: URL 2 of 2: expected an http(s) URL, got 'ftp://b:2'",
+        ),
+        (
+            "tool_server_url",
+            "http://a:1;http://a:1",
+            "the same URL is listed twice in [['http://a:1'], ['http://a:1']]",
+        ),
+        (
+            "reward_server_url",
+            "http://a:1;http://b:2",
+            "URL 1 of 1: one URL each, without ',' or ';' (a list holds several), "
+            "got 'http://a:1;http://b:2'",
+        ),
+    ],
+)
+def test_a_malformed_environment_value_is_named(
+    key: str, given: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env_name(key), given)
+    args = make_args()
+    delattr(args, arg_name(key))
+    with pytest.raises(ConfigError) as error:
+        settings_from_args(args)
+    assert error.value.message == f"{arg_name(key)}: {message}"
+
+
+def parsed_or_error(field: str, text: str) -> tuple[str, ...]:
+    """Every URL the environment's spelling of `text` gives, or () for a ConfigError, which
+    names the setting."""
+    try:
+        if field == "tool_server_url":
+            return tuple(url for node in nodes_from_text(field, text) for url in node)
+        return urls_from_text(field, text)
+    except ConfigError as error:
+        assert error.message.startswith(arg_name(field) + ": ")
+        return ()
+
+
+# arbitrary text, and text made of the spelling's own pieces, so that many parse
+PIECES = ["http://", "https://", "h:1", ",", ";", " ", "/tool", "/evaluate", "?", "#", "[", "%"]
+ENV_TEXT = st.text() | st.lists(st.sampled_from(PIECES) | st.text(max_size=3)).map("".join)
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@hypothesis.given(ENV_TEXT)
+def test_the_environment_spelling_of_any_text_is_urls_or_a_config_error(text: str) -> None:
+    """Only the project's ConfigError escapes, never a ValueError or IndexError of its own."""
+    for field in ("tool_server_url", "reward_server_url"):
+        urls = parsed_or_error(field, text)
+        assert all(url.startswith(("http://", "https://")) for url in urls)
+        assert all("," not in url and ";" not in url for url in urls)

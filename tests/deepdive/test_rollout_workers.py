@@ -67,7 +67,7 @@ def prompt(name: str) -> str:
 async def play(stack: dict[str, Any], prompts: list[str]) -> list[LocalSample]:
     """One episode per prompt, all at once, as slime plays a rollout batch."""
     with serve_in_thread(FakeSGLang([], choose=choose).app()) as sglang:
-        args = make_args(sglang, {"tools": stack["tools"], "reward": "http://127.0.0.1:9"})
+        args = make_args(sglang, {"tools": stack["urls"], "reward": "http://127.0.0.1:9"})
         samples = [LocalSample(prompt=p, label="x") for p in prompts]
         params = {"max_new_tokens": 4096, "temperature": 1.0}
         return list(await asyncio.gather(*(generate_with_tool(args, s, params) for s in samples)))

@@ -212,7 +212,7 @@ def test_a_local_step_whose_searches_mostly_fail_stops_too(
     # the two episodes play at once, taking turns from one script: ten searches, two answers
     script = [*searches(0)[:SEARCHES], *searches(1)[:SEARCHES], ScriptedTurn(FINISH)]
     with serve_in_thread(FakeSGLang([*script, ScriptedTurn(FINISH)]).app()) as sglang:
-        settings = settings_for(config, sglang, failing_tools, "http://127.0.0.1:9")
+        settings = settings_for(config, sglang, (failing_tools,), "http://127.0.0.1:9")
         args = rollout_args(settings, tokenizer)
         rollouts = InProcessRollouts(engine=None, args={WORLD: args})
         with pytest.raises(ToolsFailing, match=r"^rollout 3: 6 of 10 tool calls failed") as error:

@@ -237,8 +237,8 @@ def test_a_call_in_flight_to_a_frozen_worker_is_answered_session_lost_by_its_rep
     async def episode(url: str, victim: int) -> ToolReply:
         settings = RolloutSettings(  # the client timeout the issue measured
             sglang_url="http://127.0.0.1:9",
-            tool_server_url=url,
-            reward_server_url="http://127.0.0.1:9",
+            tool_server_url=((url,),),
+            reward_server_url=("http://127.0.0.1:9",),
             tool_timeout_s=30.0,
         )
         try:

@@ -171,9 +171,11 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
     finally:
         bootstrap._stop_children()
     workers = [f"http://127.0.0.1:{port}" for port in (ports.tools, ports.tools + 1)]
-    assert urls == {"tools": ",".join(workers), "reward": f"http://127.0.0.1:{ports.reward}"}
+    assert urls == {"tools": workers, "reward": [f"http://127.0.0.1:{ports.reward}"]}
     settings = RolloutSettings(
-        sglang_url="http://s:1", tool_server_url=urls["tools"], reward_server_url=urls["reward"]
+        sglang_url="http://s:1",
+        tool_server_url=(tuple(urls["tools"]),),
+        reward_server_url=tuple(urls["reward"]),
     )
     assert settings.tool_server_urls == tuple(workers)
     # each service's config, written into the node's folder of the attempt, handed by --config

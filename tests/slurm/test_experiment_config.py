@@ -47,8 +47,13 @@ def test_both_backends_take_the_rollouts_knobs_with_one_set_of_defaults() -> Non
     slime = dataclasses.asdict(config.slime.deepdive)
     local = dataclasses.asdict(config.local.rollout)
     assert {key: local.get(key) for key in slime} == slime
-    urls = {f"deepdive_{name}_url": f"http://{name}:1" for name in ("sglang", "tool_server")}
-    read = settings_from_args(Namespace(**urls, deepdive_reward_server_url="http://r:1"))
+    read = settings_from_args(
+        Namespace(
+            deepdive_sglang_url="http://sglang:1",
+            deepdive_tool_server_url=[["http://tool_server:1"]],
+            deepdive_reward_server_url=["http://r:1"],
+        )
+    )
     assert {key: getattr(read, key) for key in slime} == slime
 
 

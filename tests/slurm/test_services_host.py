@@ -56,8 +56,8 @@ def test_a_node_binds_its_services_to_its_own_address(tmp_path: Path, corpus_fil
     address = "127.0.0.2"  # cluster-tiny's bootstrap.node_address
     assert bootstrap.address == address
     assert urls == {
-        "tools": f"http://{address}:{ports.tools}",
-        "reward": f"http://{address}:{ports.reward}",
+        "tools": [f"http://{address}:{ports.tools}"],
+        "reward": [f"http://{address}:{ports.reward}"],
     }
 
 

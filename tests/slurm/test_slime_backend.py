@@ -22,6 +22,7 @@ from slurm.backends import build_backend
 from slurm.backends.slime.args import custom_config, presets, render, slime_arguments
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.checks import check_slime, slime_flags
+from slurm.cluster_note import ClusterNode, ClusterNote, write_cluster
 from slurm.command import check_same_run
 from slurm.preflight import missing_inputs, require_inputs
 from slurm.run_folder import AttemptFolder, RunFolder
@@ -93,9 +94,11 @@ def test_every_emitted_flag_is_a_flag_of_slime(world: dict[str, Path]) -> None:
 
 def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str, Path]) -> None:
     config = recipe(world)
-    urls = {"tools": "http://10.0.0.1:20010", "reward": "http://10.0.0.1:20011"}
-    written = yaml.safe_load(yaml.safe_dump(custom_config(config, urls)))
+    tools, reward = (("http://10.0.0.1:20010",),), ("http://10.0.0.1:20011",)
+    written = yaml.safe_load(yaml.safe_dump(custom_config(config, tools, reward)))
     assert "deepdive_sglang_url" not in written  # inside slime: its router
+    assert written["deepdive_tool_server_url"] == [["http://10.0.0.1:20010"]]  # YAML lists
+    assert written["deepdive_reward_server_url"] == ["http://10.0.0.1:20011"]
     # slime sets every key of the file on args (slime/utils/arguments.py, lines 2013-2019)
     args = Namespace(
         sglang_router_ip="10.0.0.1",
@@ -105,27 +108,20 @@ def test_the_yaml_carries_our_keys_and_the_hook_reads_them_back(world: dict[str,
     )
     settings = settings_from_args(args)
     assert settings.sglang_url == "http://10.0.0.1:30000"
-    assert (settings.tool_server_url, settings.reward_server_url) == (urls["tools"], urls["reward"])
+    assert (settings.tool_server_url, settings.reward_server_url) == (tools, reward)
     assert (settings.max_turns, settings.on_malformed, settings.retries) == (64, "fail", 4)
 
 
 def cluster_note(attempt: AttemptFolder, nodes: list[tuple[list[str], str]]) -> None:
     """An attempt's cluster.json as node 0's bootstrap writes it once every node is ready
-    (slurm/bootstrap.py, `_join`): each node's tool workers (comma-joined) and reward URL."""
+    (slurm/bootstrap.py, `_join`, with slurm.cluster_note): each node's tool workers and
+    reward URL."""
     attempt.root.mkdir(parents=True, exist_ok=True)
-    entries = [
-        {
-            "node": n,
-            "resource": f"deepdive_node_{n}",
-            "tools": ",".join(tools),
-            "reward": reward,
-            "tools_unseen": None,
-        }
+    entries = tuple(
+        ClusterNode(n, f"deepdive_node_{n}", tuple(tools), reward)
         for n, (tools, reward) in enumerate(nodes)
-    ]
-    attempt.cluster.write_text(
-        json.dumps({"attempt": attempt.root.name, "ray_address": "x:6379", "nodes": entries})
     )
+    write_cluster(attempt.cluster, ClusterNote(attempt.root.name, "x:6379", entries))
 
 
 def slime_reads(path: Path) -> Namespace:
@@ -162,6 +158,15 @@ def test_the_yaml_carries_every_nodes_urls_and_each_attempt_its_own(
     )
     backend.before_training(first)
     backend.before_training(requeued)
+    written = yaml.safe_load((first.root / "deepdive_rollout.yaml").read_text())
+    assert written["deepdive_tool_server_url"] == [  # lists, as YAML holds them
+        ["http://10.0.0.1:20010", "http://10.0.0.1:20011"],
+        ["http://10.0.0.2:20010", "http://10.0.0.2:20011"],
+    ]
+    assert written["deepdive_reward_server_url"] == [
+        "http://10.0.0.1:20020",
+        "http://10.0.0.2:20020",
+    ]
     settings = settings_from_args(slime_reads(first.root / "deepdive_rollout.yaml"))
     assert settings.tool_server_nodes == (
         ("http://10.0.0.1:20010", "http://10.0.0.1:20011"),
@@ -187,7 +192,7 @@ def test_a_cluster_note_without_a_nodes_urls_is_named(world: dict[str, Path]) ->
     del note["nodes"][0]["reward"]
     attempt.cluster.write_text(json.dumps(note))
     with pytest.raises(
-        RuntimeFailure, match=r"cluster.json: node entry 0 lacks its tools and reward"
+        RuntimeFailure, match=r"cluster.json: node entry 0 lacks its node, resource, tools"
     ):
         backend.before_training(attempt)
     assert not (attempt.root / "deepdive_rollout.yaml").exists()

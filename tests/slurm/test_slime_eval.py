@@ -32,7 +32,7 @@ def test_eval_gives_the_services_the_env_files_keys(
     config = recipe(world, f'services.env_file="{keys}"')  # Serper search, Jina reader
     logs = tmp_path / "logs"
     with services(config, logs) as urls:
-        tools = urls["tools"].split(",")[0]
+        tools = urls["tools"][0]
         bearer = {"Authorization": f"Bearer {KEYS[TOKEN_ENV]}"}
         ready = httpx.get(f"{tools}/ready", headers=bearer, trust_env=False)
         assert ready.status_code == 200 and ready.json()["status"] == "ready"  # Serper's key

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import uuid
 from argparse import Namespace
 from collections import Counter
@@ -35,6 +34,7 @@ from fakes.upstream import create_app as create_upstream_app
 from services.base.process import ServiceProcess
 from slurm.backends.slime.backend import CUSTOM_CONFIG, SlimeBackend
 from slurm.backends.slime.replay import replay
+from slurm.cluster_note import ClusterNode, ClusterNote, write_cluster
 from slurm.run_folder import RunFolder
 from tests.helpers import DOCUMENTS, TOKENIZER, counting, reward_app, serve_in_thread
 from tests.helpers import slime_recipe as recipe
@@ -89,17 +89,11 @@ def write_cluster_note(path: Path, nodes: list[dict[str, Any]]) -> None:
     """cluster.json as node 0's bootstrap writes it once every node is ready
     (slurm/bootstrap.py, `_join`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = [
-        {
-            "node": n,
-            "resource": f"deepdive_node_{n}",
-            "tools": node["tools"],
-            "reward": node["reward"],
-            "tools_unseen": None,
-        }
+    entries = tuple(
+        ClusterNode(n, f"deepdive_node_{n}", tuple(node["workers"]), node["reward"])
         for n, node in enumerate(nodes)
-    ]
-    path.write_text(json.dumps({"attempt": "7-0", "ray_address": "x:6379", "nodes": entries}))
+    )
+    write_cluster(path, ClusterNote("7-0", "x:6379", entries))
 
 
 def slime_args(world: dict[str, Path], nodes: list[dict[str, Any]], sglang: str) -> Namespace:

@@ -6,12 +6,12 @@ and slime's data state beside it (rollout/global_dataset_state_dict_N.pt)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from slurm.backends.slime.args import slime_checkpoints
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.retention import Pruner, iterations, prune
+from slurm.cluster_note import ClusterNode, ClusterNote, write_cluster
 from slurm.run_folder import AttemptFolder, RunFolder
 from tests.helpers import slime_recipe as recipe
 
@@ -19,9 +19,8 @@ from tests.helpers import slime_recipe as recipe
 def one_node_cluster(attempt: AttemptFolder) -> None:
     """The attempt's cluster.json as node 0's bootstrap writes it (slurm/bootstrap.py, `_join`)."""
     attempt.root.mkdir(parents=True, exist_ok=True)
-    node = {"node": 0, "resource": "deepdive_node_0", "tools": "http://10.0.0.1:20010",
-            "reward": "http://10.0.0.1:20020", "tools_unseen": None}  # fmt: skip
-    attempt.cluster.write_text(json.dumps({"attempt": "8-1", "ray_address": "x", "nodes": [node]}))
+    node = ClusterNode(0, "deepdive_node_0", ("http://10.0.0.1:20010",), "http://10.0.0.1:20020")
+    write_cluster(attempt.cluster, ClusterNote("8-1", "x", (node,)))
 
 
 def save(folder: Path, iteration: int, landed: bool = True) -> None:

@@ -258,7 +258,8 @@ def preempted(cluster: TwoHosts, keys: str) -> Preempted:
         hosts = {node: seen.nodes[node]["host"] for node in (0, 1)}
         for node in (0, 1):
             other = hosts[1 - node]
-            for url in seen.nodes[node]["services"].values():
+            for urls in seen.nodes[node]["services"].values():  # each service's workers
+                url = urls[0]
                 seen.calls[f"{other} -> {url} with the token"] = http_get(cluster, other, url, keys)
                 seen.calls[f"{other} -> {url} without"] = http_get(cluster, other, url, None)
         for host in hosts.values():
@@ -298,8 +299,8 @@ def test_each_nodes_services_answer_the_other_node_by_address(
     for node in (0, 1):
         address = cluster.address(preempted.nodes[node]["host"])
         assert set(preempted.nodes[node]["services"]) == {"tools", "reward"}
-        for url in preempted.nodes[node]["services"].values():
-            assert url.startswith(f"http://{address}:"), url
+        for urls in preempted.nodes[node]["services"].values():
+            assert urls and all(url.startswith(f"http://{address}:") for url in urls), urls
     assert len(preempted.calls) == 8, preempted.calls
     for call, status in preempted.calls.items():
         expected = "200" if call.endswith("with the token") else "401"

@@ -32,6 +32,7 @@ from deepdive.rollout_settings import (
     REWARD_FUNCTION_PATH,
     REWARD_POST_PROCESS_PATH,
     ROLLOUT_LOG_FUNCTION_PATH,
+    Nodes,
     slime_custom_config,
 )
 from services.base.errors import ConfigError
@@ -296,16 +297,19 @@ def slime_arguments(config: ExperimentConfig, custom_config_path: Path) -> Slime
     return SlimeCommand(groups)
 
 
-def custom_config(config: ExperimentConfig, services: dict[str, str]) -> dict[str, Any]:
+def custom_config(
+    config: ExperimentConfig, tools: Nodes, reward: tuple[str, ...]
+) -> dict[str, Any]:
     """The --custom-config-path YAML: our rollout's keys as slime sets them on `args`
-    (deepdive.rollout_settings) with `services`, the URLs the rollout reaches every node's
-    tool and reward servers at; SGLang is slime's router, the rollout's default."""
+    (deepdive.rollout_settings) with the URLs the rollout reaches every node's tool server
+    workers (`tools`, node by node) and reward servers at, as lists; SGLang is slime's
+    router, the rollout's default."""
     slime = config.slime
     return slime_custom_config(
         slime.deepdive,
         slime.rollout.max_context_len,
-        services["tools"],
-        services["reward"],
+        tools,
+        reward,
         str(config.run_folder.trajectories),
     )
 

@@ -24,7 +24,6 @@ from typing import Any
 
 import yaml
 
-from deepdive.rollout_settings import NODES
 from services.base.errors import ConfigError, RuntimeFailure
 from services.base.files import atomic_write_bytes
 from slurm.backends import EvalEngine, ServiceSpec
@@ -44,9 +43,10 @@ from slurm.backends.slime.retention import (
     free_bytes,
     latest_complete,
 )
+from slurm.cluster_note import read_cluster
 from slurm.config import ExperimentConfig
 from slurm.network import interface_addresses, interface_for
-from slurm.run_folder import AttemptFolder, read_json
+from slurm.run_folder import AttemptFolder
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
 # what a run's checkpoints fix: another model or layout cannot load them
@@ -161,7 +161,10 @@ class SlimeBackend:
     def before_training(self, attempt: AttemptFolder) -> None:
         """The YAML slime loads onto `args`: our rollout's keys, every node's service URLs
         (from the attempt's cluster.json)."""
-        keys = custom_config(self.config, cluster_services(attempt.cluster))
+        note = read_cluster(attempt.cluster)
+        if note is None:
+            raise RuntimeFailure(f"{attempt.cluster}: no cluster note, though every node is ready")
+        keys = custom_config(self.config, note.tool_nodes, note.reward_urls)
         atomic_write_bytes(attempt.root / CUSTOM_CONFIG, yaml.safe_dump(keys).encode())
         folder = slime_checkpoints(self.config)
         # what train.py resumes from (--load): never removed while this attempt runs
@@ -198,36 +201,10 @@ class SlimeBackend:
         """What --dry-run prints: the grouped command line and the YAML, every node's URLs in
         it shown as the node and its ports' names (they are known once every node is up)."""
         nodes = range(self.config.slurm.nodes)
-        urls = {
-            "tools": ";".join(f"http://NODE{node}:TOOLS_PORT" for node in nodes),
-            "reward": ",".join(f"http://NODE{node}:REWARD_PORT" for node in nodes),
-        }
+        tools = tuple((f"http://NODE{node}:TOOLS_PORT",) for node in nodes)
+        reward = tuple(f"http://NODE{node}:REWARD_PORT" for node in nodes)
         command = slime_arguments(self.config, attempt.root / CUSTOM_CONFIG)
         return (
             f"{render(command, self.config.slime.slime_root)}\n\n# {attempt.root / CUSTOM_CONFIG}\n"
-            f"{yaml.safe_dump(custom_config(self.config, urls))}"
+            f"{yaml.safe_dump(custom_config(self.config, tools, reward))}"
         )
-
-
-def cluster_services(cluster: Path) -> dict[str, str]:
-    """Every node's service URLs from an attempt's cluster.json (slurm.bootstrap writes it
-    once every node is ready), in the rollout's spelling (deepdive.rollout_settings): each
-    node's tool server workers, nodes separated by ";", and the reward servers in that order
-    of nodes. The note is the job's own: a broken one is a RuntimeFailure, not the user's."""
-    note = read_json(cluster)
-    nodes = note.get("nodes") if isinstance(note, dict) else None
-    if not isinstance(nodes, list) or not nodes:
-        raise RuntimeFailure(f"{cluster}: expected the job's nodes (a cluster note), got {note!r}")
-    for position, node in enumerate(nodes):
-        if not (
-            isinstance(node, dict)
-            and isinstance(node.get("tools"), str)
-            and isinstance(node.get("reward"), str)
-        ):
-            raise RuntimeFailure(
-                f"{cluster}: node entry {position} lacks its tools and reward URLs: {node!r}"
-            )
-    return {
-        "tools": NODES.join(node["tools"] for node in nodes),
-        "reward": ",".join(node["reward"] for node in nodes),
-    }

@@ -161,7 +161,7 @@ class ServiceProcess:
         self.ready_timeout_s = ready_timeout_s
         self.environment = environment
         self.process: subprocess.Popen[bytes] | None = None
-        self.url = ""
+        self.urls: list[str] = []
         self._started = 0.0
 
     def start(self) -> list[str]:
@@ -182,10 +182,10 @@ class ServiceProcess:
         self._started = time.monotonic()
 
     @property
-    def urls(self) -> list[str]:
-        """Every worker's base URL (one for a single-process service), from the announcement;
-        `url` is its token as logged, the URLs joined by commas."""
-        return self.url.split(",") if self.url else []
+    def url(self) -> str:
+        """The URLs as the announcement shows them to people, joined by commas: `urls` is
+        what code hands on."""
+        return ",".join(self.urls)
 
     def wait_ready(self, check: Callable[[], None] | None = None) -> list[str]:
         """Every worker's URL once each answers /ready; `check()` may give up earlier."""
@@ -197,7 +197,9 @@ class ServiceProcess:
 
         remaining = self.ready_timeout_s - (time.monotonic() - self._started)
         try:
-            self.url = wait_for(self._ready_url, timeout_s=remaining, what=self.name, check=checks)
+            self.urls = wait_for(
+                self._ready_urls, timeout_s=remaining, what=self.name, check=checks
+            )
             wait_for(self._ready, timeout_s=remaining, what=self.name, check=checks)
         except WaitTimeout:
             self.stop()
@@ -210,7 +212,7 @@ class ServiceProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def _ready_url(self) -> str | None:
+    def _ready_urls(self) -> list[str] | None:
         try:
             record = read_ready(self.ready_path)
         except ValueError as error:
@@ -219,7 +221,7 @@ class ServiceProcess:
                 f"the {self.name} server's ready file ({self.ready_path}) is not a ready "
                 f"record: {error}"
             ) from None
-        return None if record is None else record.url
+        return None if record is None else list(record.urls)
 
     def _ready(self) -> bool:
         # imported here: Ray's keeper (slurm.ray_keeper) imports this module for child_preexec

@@ -18,11 +18,11 @@ from services.base.files import atomic_write_bytes
 
 @dataclass(frozen=True)
 class ReadyRecord:
-    """url: every worker's base URL, separated by commas (one for a single process), as the
-    announcement and `deepdive_tool_server_url` spell it; host and port: the first worker's
-    bound address; pid: the process that announced (a worker server's supervisor)."""
+    """urls: every worker's base URL (one for a single process), a list as cluster.json and
+    `deepdive_tool_server_url` carry it; host and port: the first worker's bound address; pid:
+    the process that announced (a worker server's supervisor)."""
 
-    url: str
+    urls: tuple[str, ...]
     pid: int
     host: str
     port: int
@@ -36,11 +36,14 @@ class ReadyRecord:
         value = orjson.loads(data)  # orjson.JSONDecodeError is a ValueError
         if not isinstance(value, dict):
             raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-        fields = {"url": str, "pid": int, "host": str, "port": int}
+        urls = value.get("urls")
+        if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+            raise ValueError(f"urls: expected a list of URLs, got {urls!r}")
+        fields = {"pid": int, "host": str, "port": int}
         for name, kind in fields.items():
             if not isinstance(value.get(name), kind) or isinstance(value.get(name), bool):
                 raise ValueError(f"{name}: expected {kind.__name__}, got {value.get(name)!r}")
-        return cls(url=value["url"], pid=value["pid"], host=value["host"], port=value["port"])
+        return cls(tuple(urls), pid=value["pid"], host=value["host"], port=value["port"])
 
 
 def write_ready(path: Path, record: ReadyRecord) -> None:

@@ -113,7 +113,7 @@ def announcer(
         lines.append(f"  health: {base}/health  ready: {base}/ready  metrics: {base}/metrics{each}")
         print("\n".join(lines), file=sys.stderr, flush=True)
         if ready_file is not None:
-            record = ReadyRecord(url=",".join(bases), pid=os.getpid(), host=host, port=ports[0])
+            record = ReadyRecord(tuple(bases), pid=os.getpid(), host=host, port=ports[0])
             write_ready(ready_file, record)
 
     return announce

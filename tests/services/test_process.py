@@ -40,11 +40,11 @@ def test_the_starter_takes_the_url_from_the_ready_file_the_child_wrote(tmp_path:
     port), and that is the URL the starter hands on; an earlier child's record there is not
     read as this one's."""
     path = tmp_path / "reward.ready.json"
-    write_ready(path, ReadyRecord(url="http://127.0.0.1:9", pid=1, host="127.0.0.1", port=9))
+    write_ready(path, ReadyRecord(("http://127.0.0.1:9",), pid=1, host="127.0.0.1", port=9))
     with reward_server(tmp_path) as server:
         record = read_ready(path)
         assert record is not None and server.process is not None
-        assert server.url == record.url == f"http://127.0.0.1:{record.port}"
+        assert server.urls == list(record.urls) == [f"http://127.0.0.1:{record.port}"]
         assert (record.pid, record.host) == (server.process.pid, "127.0.0.1")
 
 

@@ -11,7 +11,7 @@ from services.base.files import partial_path
 from services.base.ready import ReadyRecord, read_ready, write_ready
 
 RECORD = ReadyRecord(
-    url="http://127.0.0.1:8700,http://127.0.0.1:8701", pid=42, host="127.0.0.1", port=8700
+    ("http://127.0.0.1:8700", "http://127.0.0.1:8701"), pid=42, host="127.0.0.1", port=8700
 )
 
 
@@ -36,8 +36,10 @@ def test_a_record_being_written_is_not_read_as_ready(tmp_path: Path) -> None:
     [
         (RECORD.to_json()[:20], "unexpected end|unexpected character|invalid"),
         (b"[]", "expected a JSON object"),
-        (b'{"url": "http://x:1", "pid": 1, "host": "x"}', "port: expected int"),
-        (b'{"url": "http://x:1", "pid": true, "host": "x", "port": 1}', "pid: expected int"),
+        (b'{"urls": ["http://x:1"], "pid": 1, "host": "x"}', "port: expected int"),
+        (b'{"urls": ["http://x:1"], "pid": true, "host": "x", "port": 1}', "pid: expected int"),
+        (b'{"urls": "http://x:1", "pid": 1, "host": "x", "port": 1}', "urls: expected a list"),
+        (b'{"urls": [], "pid": 1, "host": "x", "port": 1}', "urls: expected a list"),
     ],
 )
 def test_a_file_that_is_not_a_whole_record_is_refused(

@@ -42,14 +42,18 @@ __all__ = [
     "ROLLOUT_LOG_FUNCTION_PATH",
     "TOKENIZER_ARG",
     "TRAJECTORY_DIR_ARG",
+    "Nodes",
     "RolloutKnobs",
     "RolloutSettings",
     "arg_name",
     "endpoint_base",
+    "env_name",
+    "nodes_from_text",
     "rollout_args",
     "settings_from_args",
     "slime_custom_config",
     "trajectory_dir",
+    "urls_from_text",
 ]
 
 logger = logging.getLogger("deepdive.rollout_settings")

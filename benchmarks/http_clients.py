@@ -6,7 +6,7 @@ rollout's and the tool server's operating points, against one instant fake serve
 Clients: aiohttp (what `Upstream` uses for everything that leaves the cluster), httpx2 (the
 maintained httpx successor; its pool was rewritten after httpx's per-request scan of every
 connection, which cost ~17 ms of CPU a request at 64 concurrent here), and the lean client
-(services/plain_http.py, `Upstream(plain_http=True)`, the rollout's plain http:// hops). Each
+(services/client/plain_http.py, `Upstream(plain_http=True)`, the rollout's plain http:// hops). Each
 measurement runs in a fresh process pinned to core 0 (the fake on core 1): N concurrent
 sessions, each POSTing a small JSON body and reading the reply, K times; the figure is the
 client process's CPU over the requests. Rounds alternate the clients, so the machine's drift
@@ -58,7 +58,7 @@ async def measure(client: str, base: str, sessions: int, requests: int) -> dict[
                 orjson.loads(reply.content)
 
             return await _timed(call, sessions, requests)
-    from services.http import RetryPolicy, Upstream, UpstreamSettings
+    from services.client.http import RetryPolicy, Upstream, UpstreamSettings
 
     settings = UpstreamSettings(
         base,

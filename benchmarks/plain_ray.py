@@ -7,7 +7,7 @@ No services, no trainer: the fastest a job can have every node in Ray.
 
 Ports: a fixed port, as the guide's 6379, would collide between emulated nodes on one host
 (and with other jobs there), so each node takes its block of the launcher's port plan without
-checking it (slurm.ports imports in milliseconds). Only the standard library and slurm.ports
+checking it (slurm.node.ports imports in milliseconds). Only the standard library and slurm.node.ports
 are imported before Ray starts, so the task's Python start is as short as a script's.
 """
 
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm.ports import candidate_blocks
-from slurm.process_start import process_started_at
+from slurm.node.ports import candidate_blocks
+from slurm.node.process_start import process_started_at
 
 STARTED = "Ray runtime started."
 JOIN_TIMEOUT_S = 120.0

@@ -33,7 +33,7 @@ from deepdive.tool_errors import check_tool_error_share, tool_error_counts, tool
 from deepdive.trajectory_recorder import record_rollout
 from services.base.errors import DeepDiveError, RuntimeFailure, UpstreamBadResponse
 from services.base.logs import log_event
-from services.http import UpstreamReply
+from services.client.http import UpstreamReply
 
 logger = logging.getLogger("deepdive.aborts")
 
@@ -66,7 +66,7 @@ def sglang_message(content: bytes) -> str:
 
 
 def sglang_refusal(reply: UpstreamReply) -> DeepDiveError | None:
-    """The SGLang client's reading of a 4xx (services.http's `classify_error`): the request
+    """The SGLang client's reading of a 4xx (services.client.http's `classify_error`): the request
     itself was refused, so retrying cannot help, and the error carries SGLang's message
     (the generic rule keeps only the status). Keys (401-403) and rate limits (429) keep the
     client's own rules; a 5xx is retried and named by its status."""

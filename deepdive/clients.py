@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from services.base.secrets import TOKEN_ENV, read_secret
-from services.http import ErrorClassifier, RetryPolicy, Upstream, UpstreamSettings
+from services.client.http import ErrorClassifier, RetryPolicy, Upstream, UpstreamSettings
 
 V = TypeVar("V")
 

@@ -67,7 +67,7 @@ from services.base.errors import (
     UpstreamError,
 )
 from services.base.logs import log_event
-from services.http import Upstream, decode_json_object
+from services.client.http import Upstream, decode_json_object
 
 logger = logging.getLogger("deepdive.rollout")
 # SGLang's scheduler aborts an input of max_req_input_len = max_req_len - 5 tokens or more,

@@ -8,7 +8,7 @@ it, the trainer (the local backend's loop, or slime's train.py through our drive
 next rollout boundary once warned, and writes after every save a record of how long the save
 took (the path in DEEPDIVE_SAVE_TIMING): node 0's bootstrap reads the record to decide whether
 the warning leaves time for one more save, and waits for the warned save before it stops the
-job (slurm/preemption.py).
+job (slurm/node/preemption.py).
 """
 
 from __future__ import annotations

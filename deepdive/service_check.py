@@ -36,7 +36,7 @@ from deepdive.clients import PerLoop, service_client
 from deepdive.rollout_settings import arg_name
 from services.base.errors import ConfigError, DeepDiveError, UpstreamAuthError, UpstreamBadResponse
 from services.base.logs import log_event
-from services.http import ErrorClassifier, Upstream, UpstreamReply
+from services.client.http import ErrorClassifier, Upstream, UpstreamReply
 
 logger = logging.getLogger("deepdive.service_check")
 

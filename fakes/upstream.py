@@ -61,7 +61,7 @@ def create_app(latency_s: float, fail_share: float = 0.0) -> Starlette:
             }
             for i in range(1, 11)
         ]
-        # Serper repeats the query it answers (services/http.py echoed_query checks it)
+        # Serper repeats the query it answers (services/client/http.py echoed_query checks it)
         body = {"searchParameters": {"q": query}, "organic": organic}
         return Response(orjson.dumps(body), media_type="application/json")
 

@@ -22,7 +22,7 @@ from cachetools import TLRUCache
 
 from services.base.clock import SYSTEM_CLOCK, Now
 from services.base.errors import DeadlineExceeded, ToolError
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 
 V = TypeVar("V")
 CacheOutcome = Literal["hit", "miss", "shared"]

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.base.errors import InvalidJSON, PayloadTooLarge, RequestError
 from services.base.logs import log_event, redact_json
 from services.base.secrets import TOKEN_ENV
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 
 logger = logging.getLogger("deepdive.web")
 

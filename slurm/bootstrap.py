@@ -10,7 +10,7 @@
                            server), and on node 0 a trainer that starts early
                  services  until the services answer /ready (they start faster than Ray);
                            a tool server on the internet then makes one real search and one
-                           real read (slurm/egress.py), or the node fails naming the upstream
+                           real read (slurm/node/egress.py), or the node fails naming the upstream
                  ray       until the node's Ray is up (the head, or joined to it)
     node 0       join      every node ready (Ray up, services answering) before the deadline
                  training  the backend's trainer as a child process; its exit code is the job's
@@ -24,7 +24,7 @@ are stopped by PID, never by name.
 
 Preemption and timeouts follow submitit's protocol: Slurm sends its warning (SIGURG,
 `--signal`: slurm/requeue.py), submitit calls `NodeJob.checkpoint` on node 0, which first lets
-the trainer save at its next rollout boundary when the warning leaves time (slurm/preemption.py),
+the trainer save at its next rollout boundary when the warning leaves time (slurm/node/preemption.py),
 then tells every node to stop and asks for a requeue (up to slurm.max_requeues), made by the batch script once
 every node has stopped; the next attempt starts over in a new attempt folder, and the backend
 resumes from the newest complete checkpoint in the run folder.
@@ -58,17 +58,17 @@ from services.base.secrets import TOKEN_ENV, load_env_file
 from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, ServiceSpec, build_backend
-from slurm.cadence import LONG_POLL_S, START_POLL_S, Cadence
 from slurm.cluster_note import ClusterNote, node_from_ready, write_cluster
 from slurm.config import NODE_ADDRESS, ExperimentConfig
-from slurm.egress import ProbeResult, Upstreams, probe_egress
-from slurm.environment import NodeInfo, current_node
-from slurm.network import ROUTE, node_address
-from slurm.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
-from slurm.ports import NodePorts, plan_node_ports, worker_ports_needed
-from slurm.preemption import WarnedSave
-from slurm.process_start import process_started_at
-from slurm.ray_cluster import RAY_ENVIRONMENT, RayNode
+from slurm.node.cadence import LONG_POLL_S, START_POLL_S, Cadence
+from slurm.node.egress import ProbeResult, Upstreams, probe_egress
+from slurm.node.environment import NodeInfo, current_node
+from slurm.node.network import ROUTE, node_address
+from slurm.node.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
+from slurm.node.ports import NodePorts, plan_node_ports, worker_ports_needed
+from slurm.node.preemption import WarnedSave
+from slurm.node.process_start import process_started_at
+from slurm.node.ray_cluster import RAY_ENVIRONMENT, RayNode
 from slurm.run_folder import read_json, write_json
 
 logger = logging.getLogger("deepdive.job")
@@ -120,7 +120,7 @@ class NodeJob(submitit.helpers.Checkpointable):
     ) -> submitit.helpers.DelayedSubmission | None:
         """submitit calls this on node 0 when the warning arrives (preemption or time limit): let
         the trainer save at its next rollout boundary if the warning leaves time for it
-        (slurm/preemption.py), then tell every node to stop, and requeue unless the run has used
+        (slurm/node/preemption.py), then tell every node to stop, and requeue unless the run has used
         its requeues. The end note says what the warning saved and what the requeue loses."""
         node = current_node()
         attempt = self.config.run_folder.attempt(node.attempt)
@@ -210,7 +210,7 @@ class NodeBootstrap:
 
     def _cpus(self) -> dict[str, Any]:
         """Ray and the tool workers are sized to the CPUs the task may run on (its affinity,
-        at most what Slurm gave it: slurm.environment.CpuGrant); where Slurm's count and the
+        at most what Slurm gave it: slurm.node.environment.CpuGrant); where Slurm's count and the
         affinity differ, the start record says why."""
         grant = self.node.cpu_grant
         if grant is None:
@@ -404,7 +404,7 @@ class NodeBootstrap:
 
     def _services_ready(self) -> dict[str, list[str]]:
         """Every service answering /ready, then a tool server on the internet probed (one real
-        search and one real read: slurm/egress.py): the services' URLs other nodes use."""
+        search and one real read: slurm/node/egress.py): the services' URLs other nodes use."""
         urls = {  # each service's workers' URLs
             service.name: [reachable(url, self.address) for url in service.wait_ready(self._check)]
             for service in self.services
@@ -479,7 +479,7 @@ class NodeBootstrap:
                 **environment,
                 **RAY_ENVIRONMENT,
                 "RAY_ADDRESS": self.ray.address,
-                SAVE_TIMING_ENV: str(self.run_folder.save_timing),  # slurm/preemption.py
+                SAVE_TIMING_ENV: str(self.run_folder.save_timing),  # slurm/node/preemption.py
             },
             cwd=self.backend.working_directory(),
             preexec_fn=child_preexec,
@@ -596,9 +596,9 @@ class NodeBootstrap:
 
     def save_on_warning(self) -> dict[str, Any]:
         """Node 0, warned: the trainer's save at its next rollout boundary if time allows
-        (slurm/preemption.py), and what a requeue then loses, for the end note."""
-        from slurm import event_files
-        from slurm.status import REWARD_TAGS, redone
+        (slurm/node/preemption.py), and what a requeue then loses, for the end note."""
+        from slurm.view import event_files
+        from slurm.view.status import REWARD_TAGS, redone
 
         if not self.node.is_head:
             return {}

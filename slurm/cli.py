@@ -17,7 +17,7 @@ COMMANDS: list[Subcommand] = [
         "convert",
         "convert DeepDive QA rows into slime prompt rows",
         "Turn QA rows (question, answer, id?, aliases?) into slime's prompt format.",
-        "deepdive.command",
+        "deepdive.convert.command",
         "add_convert_arguments",
         "run_convert",
     ),
@@ -42,7 +42,7 @@ COMMANDS: list[Subcommand] = [
         "submit a training job to Slurm (submitit): Ray and services on every node",
         "Validate the experiment, create its run folder and submit it; --dry-run prints the "
         "sbatch script and the training command instead.",
-        "slurm.command",
+        "slurm.launch.command",
         "add_submit_arguments",
         "run_submit",
     ),
@@ -51,7 +51,7 @@ COMMANDS: list[Subcommand] = [
         "a submitted run's state, attempt, phase, step and reward",
         "Where a submitted run stands: Slurm's state, the attempt, each node's phase, the "
         "last step and its reward, failures.",
-        "slurm.command",
+        "slurm.launch.command",
         "add_status_arguments",
         "run_status",
     ),
@@ -59,7 +59,7 @@ COMMANDS: list[Subcommand] = [
         "logs",
         "a node's log of a submitted run",
         "Print (or follow) one node's log of the newest attempt of a run.",
-        "slurm.command",
+        "slurm.launch.command",
         "add_logs_arguments",
         "run_logs",
     ),
@@ -67,7 +67,7 @@ COMMANDS: list[Subcommand] = [
         "cancel",
         "cancel a submitted run's job (its checkpoints stay)",
         "Cancel the newest job of a run; submitting the run again resumes it.",
-        "slurm.command",
+        "slurm.launch.command",
         "add_cancel_arguments",
         "run_cancel",
     ),
@@ -96,7 +96,7 @@ COMMANDS: list[Subcommand] = [
         "Serve each checkpoint (the local engine on CPU, SGLang on a GPU), play the eval set "
         "through the same rollout and reward, and write per-question results, a summary and "
         "a comparison table.",
-        "slurm.command",
+        "slurm.launch.command",
         "add_eval_arguments",
         "run_eval",
     ),
@@ -106,7 +106,7 @@ COMMANDS: list[Subcommand] = [
         "Print a run's (or a `deepdive eval` folder's) episodes turn by turn, filtered with "
         "--where; --html FILE writes a self-contained page with the per-step statistics as "
         "plots and a filterable list of episodes.",
-        "slurm.command",
+        "slurm.launch.command",
         "add_trajectories_arguments",
         "run_trajectories",
     ),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from services.base.errors import RuntimeFailure
-from slurm.ray_cluster import node_resource
+from slurm.node.ray_cluster import node_resource
 from slurm.run_folder import read_json, write_json
 
 

@@ -3,7 +3,7 @@
 One TOML file says where the run lives, what Slurm is asked for, which image runs it, how each
 node's services and bootstrap behave, and what the backend trains. It is checked whole before
 anything is submitted (an unknown key, a wrong type names the key and what it expects; what
-must exist on disk is slurm.preflight's) and saved resolved in the run folder, so a requeued or resubmitted job
+must exist on disk is slurm.launch.preflight's) and saved resolved in the run folder, so a requeued or resubmitted job
 runs exactly what was submitted. Secrets are never part of it: `services.env_file` names a
 file (mode 0600) that each node reads for itself.
 """
@@ -22,8 +22,8 @@ from services.base.errors import ConfigError
 from services.base.typed_config import load_toml, require
 from services.commands import service_config
 from slurm.backends.slime.config import SlimeSection
-from slurm.network import ROUTE
-from slurm.ports import TOOL_PORTS
+from slurm.node.network import ROUTE
+from slurm.node.ports import TOOL_PORTS
 from slurm.run_folder import RunFolder
 
 Backend = Literal["local", "slime"]
@@ -97,7 +97,7 @@ class SlurmTable:
 class ContainerTable:
     """image: an Apptainer .sif every node can read; "" = no container, the job runs the
     Python that submitted it (a virtual environment on shared storage). That the image exists
-    is checked where the job is submitted (slurm/preflight.py), not when a config is loaded: the
+    is checked where the job is submitted (slurm/launch/preflight.py), not when a config is loaded: the
     trainer reads the run's config inside the image, where the image's own path is rarely
     bound."""
 
@@ -138,7 +138,7 @@ SET_BY_THE_LAUNCHER = {
     "log_level": "services.log_level",
     "env_file": "services.env_file",
 }
-# keys that name a file the job reads: slurm.preflight lists it when it is missing
+# keys that name a file the job reads: slurm.launch.preflight lists it when it is missing
 INPUT_FILES = ("corpus",)
 # keys that are paths: taken from where you submit, as the experiment's other paths
 PATHS = ("corpus", "index_cache_dir")
@@ -146,12 +146,12 @@ PATHS = ("corpus", "index_cache_dir")
 
 def check_service_table(service: str, table: ServiceTable) -> None:
     """`[services.SERVICE]` read as the service reads its config file, the files it names
-    left to slurm.preflight: a ConfigError naming `services.SERVICE.KEY`."""
+    left to slurm.launch.preflight: a ConfigError naming `services.SERVICE.KEY`."""
     where = f"services.{service}"
     for key, value in table.items():
         if key in SET_BY_THE_LAUNCHER:
             raise ConfigError(f"{where}.{key}: set by the launcher ({SET_BY_THE_LAUNCHER[key]})")
-        if key in INPUT_FILES:  # whether it exists is slurm.preflight's
+        if key in INPUT_FILES:  # whether it exists is slurm.launch.preflight's
             require(isinstance(value, str), f"{where}.{key}", "a path (a string)", value)
     service_config(service, {k: v for k, v in table.items() if k not in INPUT_FILES}, "", where)
 
@@ -168,7 +168,7 @@ class ServicesTable:
     tool_workers: the tool server's worker processes on each node, each on its own port of the
     node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers).
     egress_probe: a tool server on the internet makes one real search and one real read at
-    each node's start, failing the node naming the upstream (slurm/egress.py); false: none."""
+    each node's start, failing the node naming the upstream (slurm/node/egress.py); false: none."""
 
     host: str = NODE_ADDRESS
     env_file: str = ""
@@ -301,7 +301,7 @@ def resolved(config: ExperimentConfig) -> ExperimentConfig:
         ),
     )
     services = config.services
-    if services.env_file:  # its existence and mode: slurm.preflight
+    if services.env_file:  # its existence and mode: slurm.launch.preflight
         env_file = Path(services.env_file).expanduser().absolute()
         services = dataclasses.replace(services, env_file=str(env_file))
     tools = {

@@ -32,8 +32,8 @@ import shlex
 import signal
 from pathlib import Path
 
-from slurm.environment import JOB_ID_VARIABLE as JOB
-from slurm.environment import RESTART_COUNT_VARIABLE as RESTART
+from slurm.node.environment import JOB_ID_VARIABLE as JOB
+from slurm.node.environment import RESTART_COUNT_VARIABLE as RESTART
 from slurm.run_folder import REQUEUE_ANSWER as ANSWER
 from slurm.run_folder import REQUEUE_ASKED as ASKED
 from slurm.run_folder import RunFolder

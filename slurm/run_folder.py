@@ -6,7 +6,7 @@ RunFolder extends), and the notes its nodes leave each other there.
     RUN/command.txt             the training command line of the last attempt
     RUN/jobs.jsonl              every submission: job id, time, nodes
     RUN/finished.json           the run ended well; submitting it again does nothing
-    RUN/save_timing.json        the trainer's newest save: its step and time (slurm/preemption.py)
+    RUN/save_timing.json        the trainer's newest save: its step and time (slurm/node/preemption.py)
     RUN/submitit/               submitit's folder: the pickled job, sbatch scripts, task logs
     RUN/attempts/JOB-RESTART/   one folder per attempt (a requeue is a new attempt):
         node-K.log                  node K's console: bootstrap, and on node 0 the trainer

@@ -26,11 +26,11 @@ from deepdive.local.checkpoint import newest_step
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample
 from fakes.sglang import ByteTokenizer
-from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.rule_judge import RuleJudge
+from services.serving.metrics import ServiceMetrics
 from services.serving.serve import bind, start_server_thread
 from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers

@@ -87,12 +87,12 @@ def test_nothing_outside_the_backends_asks_which_backend_it_is() -> None:
 
 def test_the_check_finds_each_way_of_asking(tmp_path: Path) -> None:
     bad = {
-        "slurm/command.py": 'def f(config):\n    if config.run.backend == "slime":\n        pass\n',
-        "slurm/evaluate.py": "def f(saved, config):\n    return saved.run.backend != config.run.backend\n",
-        "slurm/preflight.py": 'def f(c):\n    return c.run.backend in ("local",)\n',
+        "slurm/launch/command.py": 'def f(config):\n    if config.run.backend == "slime":\n        pass\n',
+        "slurm/launch/evaluate.py": "def f(saved, config):\n    return saved.run.backend != config.run.backend\n",
+        "slurm/launch/preflight.py": 'def f(c):\n    return c.run.backend in ("local",)\n',
         "slurm/smoke/step.py": 'def f(backend):\n    return backend == "local"\n',
-        "slurm/status.py": 'def f(c):\n    return "slime" == build_backend(c).name\n',
-        "slurm/submit.py": "def f(c):\n    match c.run.backend:\n        case _:\n            pass\n",
+        "slurm/view/status.py": 'def f(c):\n    return "slime" == build_backend(c).name\n',
+        "slurm/launch/submit.py": "def f(c):\n    match c.run.backend:\n        case _:\n            pass\n",
         "deepdive/x.py": "def f(c, table):\n    return table[c.run.backend]\n",
         # allowed: the seam itself, and a backend of something else (torch.distributed's)
         "slurm/backends/__init__.py": 'def f(c):\n    return c.run.backend == "slime"\n',
@@ -105,12 +105,12 @@ def test_the_check_finds_each_way_of_asking(tmp_path: Path) -> None:
     found = backend_branches(tmp_path)
     assert sorted({item.split(":", 1)[0] for item in found}) == [
         "deepdive/x.py",
-        "slurm/command.py",
-        "slurm/evaluate.py",
-        "slurm/preflight.py",
+        "slurm/launch/command.py",
+        "slurm/launch/evaluate.py",
+        "slurm/launch/preflight.py",
+        "slurm/launch/submit.py",
         "slurm/smoke/step.py",
-        "slurm/status.py",
-        "slurm/submit.py",
+        "slurm/view/status.py",
     ], found
 
 

@@ -65,7 +65,7 @@ def test_each_apptainer_definition_has_its_sections(name: str, base: str) -> Non
     )
     assert "exec deepdive" in found["runscript"]
     assert "{{ LOCK_SHA256 }}" in found["labels"] and "{{ REVISION }}" in found["labels"]
-    # what `deepdive submit` compares with the launcher (slurm/image_labels.py)
+    # what `deepdive submit` compares with the launcher (slurm/launch/image_labels.py)
     assert "org.opencontainers.image.version {{ VERSION }}" in found["labels"]
 
 

@@ -220,10 +220,10 @@ def test_the_scan_finds_a_stray_exception_class(tmp_path: Path) -> None:
 def test_the_outside_table_reader() -> None:
     page = (
         "# x\n\n## Outside the tree\n\n| class | module | why |\n| --- | --- | --- |\n"
-        "| `Stop` | `slurm/ray_keeper.py` | control flow |\n\n## Exit codes\n"
+        "| `Stop` | `slurm/node/ray_keeper.py` | control flow |\n\n## Exit codes\n"
         "| `Later` | `slurm/x.py` | not this table |\n"
     )
-    assert outside_the_tree(page) == {"Stop": "slurm.ray_keeper"}
+    assert outside_the_tree(page) == {"Stop": "slurm.node.ray_keeper"}
 
 
 def test_the_drawing_reader_sees_depth_and_continuations() -> None:

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONTRACTS = (
     "deepdive.protocol",
     "deepdive.rollout_settings",
-    "services.http",
-    "services.plain_http",
+    "services.client.http",
+    "services.client.plain_http",
     "services.base.typed_config",
 )
 

@@ -12,7 +12,7 @@ undo them:
       base/     the base library under everything: imports nothing of the servers beside it,
                 of deepdive or of slurm, and names none of them in a string
 
-and only the launcher's one environment module (slurm/environment.py) reads SLURM_* variables.
+and only the launcher's one environment module (slurm/node/environment.py) reads SLURM_* variables.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ SLIME_SIDE = (
     "group_rewards",
     "eval_metrics",
 )
-ENVIRONMENT_MODULE = "slurm/environment.py"
+ENVIRONMENT_MODULE = "slurm/node/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string
 # a module above the base library named in a string (a module to import later)
 _ABOVE_BASE = re.compile(r"\b(deepdive|slurm)\.\w|\bservices\.(?!base\b)\w")
@@ -57,7 +57,9 @@ def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.lineno, node.module
-            for alias in node.names:  # `from deepdive import command` names deepdive.command
+            for (
+                alias
+            ) in node.names:  # `from deepdive import command` names deepdive.convert.command
                 yield node.lineno, f"{node.module}.{alias.name}"
 
 
@@ -121,9 +123,9 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "deepdive/up.py": "from slurm import cli\n",
         "deepdive/rollout.py": "from deepdive.local.engine import LocalEngine\n",
         "deepdive/protocol.py": "from deepdive import offline\n",
-        "slurm/submit.py": 'import os\nos.environ["SLURM_JOB_ID"]\n',
+        "slurm/launch/submit.py": 'import os\nos.environ["SLURM_JOB_ID"]\n',
         "services/fine.py": "from deepdive.protocol import FINISH\n",
-        "slurm/environment.py": 'import os\nos.environ["SLURM_NODEID"]\n',
+        "slurm/node/environment.py": 'import os\nos.environ["SLURM_NODEID"]\n',
         "services/base/logs.py": "from services.serving.heap import GcCollector\n",
         "services/base/files.py": "def f():\n    from deepdive import protocol\n",
         "services/base/cli.py": 'TOOLS = "services.tool_server.command"\n',
@@ -144,7 +146,7 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "services/late.py",
         "services/launch.py",
         "services/tool_server/leak.py",
-        "slurm/submit.py",
+        "slurm/launch/submit.py",
     ], found
 
 

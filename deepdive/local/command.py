@@ -35,7 +35,7 @@ def run_engine(args: argparse.Namespace) -> None:
     """`deepdive serve engine`: SGLang's /generate for a local model, on CPU (or one GPU)."""
     from deepdive.local.engine import LocalEngine, create_engine_app
     from deepdive.local.model import load_model
-    from services.metrics import ServiceMetrics
+    from services.serving.metrics import ServiceMetrics
     from services.serving.serve import announcer, bind, connection_limits, prepare, serve
 
     limits = connection_limits(args)  # a bad limit fails before anything loads

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from deepdive.convert import convert
+from deepdive.convert.rows import convert
 from deepdive.local.config import LocalRunConfig
 from deepdive.offline.build import write_world
 from deepdive.offline.world import WorldSizes, unseen_world_seed

@@ -36,7 +36,7 @@ from deepdive.local.grpo import scoring_temperature
 from deepdive.protocol import MISSING, json_kind
 from services.base.errors import RequestError
 from services.base.logs import log_event
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.web import json_response, read_json_body, request_error, service_app
 
 logger = logging.getLogger("deepdive.local.engine")

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from deepdive.convert import INPUT_KEY, LABEL_KEY, METADATA_KEY
+from deepdive.convert.rows import INPUT_KEY, LABEL_KEY, METADATA_KEY
 from deepdive.sample import Sample
 
 

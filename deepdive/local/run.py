@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
-from deepdive.convert import AtomicJsonlWriter
+from deepdive.convert.rows import AtomicJsonlWriter
 from deepdive.local.config import LocalRunConfig
 from deepdive.local.context import RunContext
 from deepdive.local.data import prepare_data

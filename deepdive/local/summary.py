@@ -44,7 +44,7 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         table.add_row(name, value)
     console.print(table)
     run = (summary.get("paths") or {}).get("run")
-    if run:  # the viewer is the launcher's (slurm/trajectories.py): named here, not imported
+    if run:  # the viewer is the launcher's (slurm/view/trajectories.py): named here, not imported
         console.print(f"episodes on the terminal: deepdive trajectories {run} --last")
         console.print(f"the report: {report_command(run)}", soft_wrap=True)
 

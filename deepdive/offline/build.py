@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 
-from deepdive.convert import AtomicJsonlWriter
+from deepdive.convert.rows import AtomicJsonlWriter
 from deepdive.offline.demonstrations import Demonstrator, demonstration_row
 from deepdive.offline.world import (
     Question,

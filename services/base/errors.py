@@ -8,7 +8,7 @@ checks that this drawing is exactly the tree the code defines.
 DeepDiveError
 ├── ConfigError                 bad input the user must fix: a config value, an option, a file
 │   │                           the command names (found before anything starts)
-│   └── ConversionError         a QA file `deepdive convert` cannot convert (deepdive/convert.py)
+│   └── ConversionError         a QA file `deepdive convert` cannot convert (deepdive/convert/rows.py)
 ├── ItemFailed                  a bug of ours met while evaluating one item: that item scores 0,
 │                               its batch keeps the others' rewards, the bug is logged
 ├── ServingError                what a request to the HTTP services, or a call they make, ends in
@@ -16,8 +16,8 @@ DeepDiveError
 │   │   ├── InvalidJSON         the body is not JSON  -> HTTP 400
 │   │   ├── PayloadTooLarge     the body is over the configured limit  -> HTTP 413
 │   │   └── ClientDisconnected  the client left before its body was complete (services/web.py)
-│   ├── PlainHttpError          a plain http:// hop failed: Upstream retries (services/plain_http.py)
-│   ├── ResponseTooLarge        a plain http:// reply passed the byte cap (services/plain_http.py)
+│   ├── PlainHttpError          a plain http:// hop failed: Upstream retries (services/client/plain_http.py)
+│   ├── ResponseTooLarge        a plain http:// reply passed the byte cap (services/client/plain_http.py)
 │   └── ToolError               a tool call failed in a way the *model* should read -> HTTP 200
 │       ├── InvalidArguments    arguments of the wrong shape or type
 │       ├── UnknownTool         a tool name the server does not offer
@@ -34,26 +34,26 @@ DeepDiveError
 │           ├── UpstreamRateLimited     429 after every retry
 │           ├── UpstreamUnavailable     5xx or transport errors after every retry
 │           └── UpstreamBadResponse     malformed JSON, an API error on HTTP 200, a challenge
-│               └── MismatchedReply     a reply to another request (services/http.py)
+│               └── MismatchedReply     a reply to another request (services/client/http.py)
 └── RuntimeFailure              a fact of the world, not the user's input: a command, a process,
     │                           a node or a wait failed
-    ├── SchedulerError          a Slurm command is missing or failed (slurm/scheduler.py)
-    │   └── SubmissionRefused   sbatch refused the job (slurm/submit.py)
+    ├── SchedulerError          a Slurm command is missing or failed (slurm/launch/scheduler.py)
+    │   └── SubmissionRefused   sbatch refused the job (slurm/launch/submit.py)
     ├── WaitTimeout             the awaited thing did not happen in time (services/base/waiting.py)
     │   └── NoAnswer            a node left no note for a smoke step (slurm/smoke/context.py)
     ├── ServiceStartError       a service exited or never became ready (services/base/process.py)
     ├── WorkerExited            a server's worker ended while serving (services/serving/workers.py)
     ├── WorkerStartError        a rollout worker did not start (deepdive/local/ray_rollouts.py)
-    ├── RayStartError           Ray's head or a worker did not start (slurm/ray_cluster.py)
+    ├── RayStartError           Ray's head or a worker did not start (slurm/node/ray_cluster.py)
     ├── SGLangStartError        SGLang did not start (slurm/backends/slime/sglang_server.py)
     ├── ConversionFailed        a checkpoint conversion failed (slurm/backends/slime/conversion.py)
-    ├── NodeFailed              a node could not do its part (slurm/phases.py)
-    ├── EgressFailed            a node cannot reach an upstream (slurm/egress.py)
+    ├── NodeFailed              a node could not do its part (slurm/node/phases.py)
+    ├── EgressFailed            a node cannot reach an upstream (slurm/node/egress.py)
     ├── SmokeFailed             a GPU smoke job failed or left no report (slurm/smoke/job.py)
     ├── NoDriver                nvidia-smi is missing or cannot reach the driver (slurm/smoke/gpus.py)
     ├── Unavailable             SGLang failed a smoke step's request (slurm/smoke/sglang_step.py)
-    ├── LabelsUnreadable        an image's labels could not be read (slurm/image_labels.py)
-    ├── PortsUnavailable        no free span of ports on a node (slurm/ports.py)
+    ├── LabelsUnreadable        an image's labels could not be read (slurm/launch/image_labels.py)
+    ├── PortsUnavailable        no free span of ports on a node (slurm/node/ports.py)
     ├── RolloutAborted          too many of a rollout's episodes aborted (deepdive/aborts.py)
     ├── ToolsFailing            too many of a rollout's tool calls failed (deepdive/tool_errors.py)
     ├── NoBaseline              a benchmark's baseline tree cannot be made (benchmarks/baseline.py)

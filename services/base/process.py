@@ -224,7 +224,7 @@ class ServiceProcess:
         return None if record is None else list(record.urls)
 
     def _ready(self) -> bool:
-        # imported here: Ray's keeper (slurm.ray_keeper) imports this module for child_preexec
+        # imported here: Ray's keeper (slurm.node.ray_keeper) imports this module for child_preexec
         # and starts in front of every node's Ray, where httpx's import cost half a second
         import httpx
 

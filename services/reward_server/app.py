@@ -15,9 +15,9 @@ from starlette.types import ASGIApp, Receive, Scope
 from deepdive.protocol import RewardRequest
 from services.base.errors import RequestError
 from services.base.logs import log_event
-from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluation, Evaluator
+from services.serving.metrics import ServiceMetrics
 from services.web import read_json, request_error, service_app
 
 logger = logging.getLogger("deepdive.reward_server")

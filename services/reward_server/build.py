@@ -6,11 +6,11 @@ import logging
 
 from services.base.logs import log_event
 from services.base.secrets import read_secret
-from services.metrics import ServiceMetrics
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.judging import Judge
 from services.reward_server.openai_judge import KEY_ENVS, OpenAIJudge
 from services.reward_server.rule_judge import RuleJudge
+from services.serving.metrics import ServiceMetrics
 
 logger = logging.getLogger("deepdive.reward_server")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 
 from services.base.config_options import add_config_options, config_from_options
-from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app
 from services.reward_server.build import build_judge
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
+from services.serving.metrics import ServiceMetrics
 from services.serving.serve import (
     add_server_arguments,
     announcer,

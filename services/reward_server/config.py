@@ -8,7 +8,7 @@ from typing import Literal, get_args
 from services.base.errors import ConfigError
 from services.base.typed_config import positive
 from services.cache import CacheSettings
-from services.http import UpstreamSettings
+from services.client.http import UpstreamSettings
 from services.reward_server import openai_judge
 from services.serving.connections import ConnectionLimits
 

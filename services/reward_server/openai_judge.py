@@ -18,15 +18,15 @@ import orjson
 from services.base.errors import ToolError, UpstreamBadResponse
 from services.base.logs import register_secret
 from services.cache import AsyncCache, CacheSettings
-from services.http import (
+from services.client.http import (
     Upstream,
     UpstreamProvider,
     UpstreamSettings,
     decode_json_object,
     only_2xx,
 )
-from services.metrics import ServiceMetrics
 from services.reward_server.judging import Verdict
+from services.serving.metrics import ServiceMetrics
 
 KEY_ENVS = ("DEEPDIVE_JUDGE_API_KEY", "OPENAI_API_KEY")
 DEFAULT_URL = "https://api.openai.com/v1"

@@ -12,7 +12,7 @@ so freezing the startup heap alone changed nothing (~5.0 s); collecting young ob
 time instead of 78-84 %. It costs no memory because those paths make no cyclic garbage
 (gc.DEBUG_SAVEALL found none): the resident memory stayed within 8 % of the defaults' in the
 same runs, and the side-by-side benchmark reports it with every accept run. Where a cycle did
-hold data (services/plain_http.py, a connection the server closed) it was fixed at its source.
+hold data (services/client/plain_http.py, a connection the server closed) it was fixed at its source.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from services.base.errors import ConfigError
 from services.base.logs import configure_logging
 from services.base.ready import ReadyRecord, write_ready
 from services.base.secrets import TOKEN_ENV, apply_env_file, read_secret
-from services.metrics import ServiceMetrics
 from services.serving.connections import ConnectionGuard, ConnectionLimits, ensure_fd_limit
 from services.serving.heap import settle_heap
+from services.serving.metrics import ServiceMetrics
 from services.serving.uvicorn_internals import ServiceServer, protocol_class
 
 # Connections the kernel completes before the server accepts them (uvicorn's default): what

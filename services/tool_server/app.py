@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope
 from deepdive.protocol import Failure, ToolReply, ToolRequest
 from services.base.errors import RequestError, ToolError
 from services.base.logs import log_event, redact
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.tools import ToolExecutor
 from services.web import read_json, request_error, service_app
 

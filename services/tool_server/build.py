@@ -6,7 +6,7 @@ import logging
 
 from services.base.logs import log_event
 from services.base.secrets import read_secret
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.tool_server import jina, serpapi, serper
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.corpus import CorpusIndex, load_corpus

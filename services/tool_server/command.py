@@ -12,7 +12,7 @@ from starlette.types import ASGIApp
 
 from services.base.config_options import add_config_options, config_from_options
 from services.base.secrets import TOKEN_ENV
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.serving.serve import add_server_arguments, announcer, prepare, serve
 from services.serving.workers import (
     MAX_DEFAULT_WORKERS,

@@ -11,7 +11,7 @@ from deepdive.protocol import PAGE_CHARS
 from services.base.errors import ConfigError
 from services.base.typed_config import positive
 from services.cache import CacheSettings
-from services.http import UpstreamSettings
+from services.client.http import UpstreamSettings
 from services.serving.connections import ConnectionLimits
 from services.serving.supervision import SupervisionPolicy
 from services.tool_server import jina, serpapi, serper

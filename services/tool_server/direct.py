@@ -11,8 +11,8 @@ import dataclasses
 import httpx
 
 from services.base.errors import PageUnavailable, ToolError, URLRejected
-from services.http import Upstream, UpstreamProvider, UpstreamReply, UpstreamSettings
-from services.metrics import ServiceMetrics
+from services.client.http import Upstream, UpstreamProvider, UpstreamReply, UpstreamSettings
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.html_text import html_to_text
 from services.tool_server.models import Page
 from services.tool_server.providers import CHALLENGE_MESSAGE, ensure_readable, looks_like_challenge

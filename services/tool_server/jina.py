@@ -11,14 +11,14 @@ from typing import Any
 
 from services.base.errors import UpstreamBadResponse
 from services.base.logs import register_secret
-from services.http import (
+from services.client.http import (
     Upstream,
     UpstreamProvider,
     UpstreamReply,
     UpstreamSettings,
     decode_json_object,
 )
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.models import Page
 from services.tool_server.providers import ensure_readable
 from services.tool_server.urlguard import URLGuard

@@ -10,7 +10,7 @@ from typing import Any
 
 from services.base.errors import UpstreamAuthError, UpstreamBadResponse, UpstreamError
 from services.base.logs import redact, register_secret
-from services.http import (
+from services.client.http import (
     Upstream,
     UpstreamProvider,
     UpstreamReply,
@@ -18,7 +18,7 @@ from services.http import (
     decode_json_object,
     echoed_query,
 )
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
 from services.tool_server.providers import results_from_items, search_locale
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from services.base.logs import register_secret
-from services.http import (
+from services.client.http import (
     Upstream,
     UpstreamProvider,
     UpstreamReply,
     UpstreamSettings,
     echoed_query,
 )
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.models import SearchResult
 from services.tool_server.providers import results_from_items, search_locale
 
@@ -22,7 +22,7 @@ DEFAULT_URL = "https://google.serper.dev"
 # lists 50 to 300 QPS, the higher rates on the larger credit packs) and a query takes about
 # 0.5-1 s, so by Little's law the largest plan keeps ~150-300 queries in flight: 256 lets a
 # 1,024-session node use it, and a smaller plan answers 429 with Retry-After, which the client
-# honours (services/http.py). The old bound, 32, capped any plan at ~32-64 QPS while the CPU idled.
+# honours (services/client/http.py). The old bound, 32, capped any plan at ~32-64 QPS while the CPU idled.
 DEFAULT_CONCURRENCY = 256
 
 

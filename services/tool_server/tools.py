@@ -34,7 +34,7 @@ from services.base.errors import (
     UnknownTool,
 )
 from services.cache import AsyncCache, CacheOutcome
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.leakage import DomainBlocklist, LeakageFilter, normalize
 from services.tool_server.models import (

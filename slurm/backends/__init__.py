@@ -137,11 +137,11 @@ class Backend(Protocol):
 
     def missing_inputs(self) -> list[str]:
         """What this backend reads that is not on disk yet, as "key: what is wrong"
-        (slurm.preflight lists them with the launcher's own)."""
+        (slurm.launch.preflight lists them with the launcher's own)."""
         ...
 
     def input_paths(self) -> dict[str, str]:
-        """What the job reads from the host's file systems, by key (slurm.preflight checks
+        """What the job reads from the host's file systems, by key (slurm.launch.preflight checks
         that each is visible inside the image with the configured binds)."""
         ...
 

@@ -30,8 +30,8 @@ from services.base.cli import run_handler
 from services.base.waiting import wait_for
 from slurm.cluster_note import read_cluster
 from slurm.config import load_experiment, local_run_config
-from slurm.phases import PhaseLog
-from slurm.ray_cluster import node_resource
+from slurm.node.phases import PhaseLog
+from slurm.node.ray_cluster import node_resource
 from slurm.run_folder import AttemptFolder, RunFolder
 
 

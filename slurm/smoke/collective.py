@@ -29,7 +29,7 @@ from typing import Any
 from services.base.process import child_preexec, log_tail
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.backends import build_backend
-from slurm.network import node_address
+from slurm.node.network import node_address
 from slurm.run_folder import read_json
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus

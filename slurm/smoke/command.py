@@ -88,7 +88,7 @@ def run_smoke(args: argparse.Namespace) -> None:
         return
     check_model(steps, args.model)
     if args.dry_run:
-        from slurm.submit import sbatch_script
+        from slurm.launch.submit import sbatch_script
 
         print("# the kit's job (submitit renders it; every node runs the steps below)")
         print(sbatch_script(config, executor_parameters(config, steps)))

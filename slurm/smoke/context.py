@@ -13,8 +13,8 @@ from typing import Any
 
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.config import ExperimentConfig
-from slurm.environment import NodeInfo
-from slurm.ports import NodePorts, plan_node_ports
+from slurm.node.environment import NodeInfo
+from slurm.node.ports import NodePorts, plan_node_ports
 from slurm.run_folder import read_json, write_json
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm.config import ExperimentConfig
-from slurm.environment import CpuGrant, GpuGrant, cpus_given, gpus_given
+from slurm.node.environment import CpuGrant, GpuGrant, cpus_given, gpus_given
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
 from slurm.smoke.report import Check, failed, passed

@@ -14,14 +14,14 @@ from typing import Any
 
 from services.base.errors import RuntimeFailure
 from slurm.config import ExperimentConfig
-from slurm.environment import current_node
+from slurm.launch.submit import executor_parameters as training_parameters
+from slurm.launch.task_command import python_command, submitit_folder
+from slurm.node.environment import current_node
 from slurm.run_folder import private_folder, read_json
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.report import verdict
 from slurm.smoke.runner import run_node
 from slurm.smoke.steps import Step, select
-from slurm.submit import executor_parameters as training_parameters
-from slurm.task_command import python_command, submitit_folder
 
 MARGIN_MIN = 10  # the job's time limit: every chosen step's deadline, and this
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
@@ -84,7 +84,7 @@ def submit(config: ExperimentConfig, job: SmokeJob, steps: list[Step]) -> str:
 
 def wait_for_report(config: ExperimentConfig, job_id: str, poll_s: float = 5.0) -> str:
     """Block until the job's report is written (its text) or the job ends without one."""
-    from slurm.scheduler import job_state
+    from slurm.launch.scheduler import job_state
 
     folder = smoke_folder(config, job_id)
     while True:

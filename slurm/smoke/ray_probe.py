@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm.ray_cluster import node_resource
+from slurm.node.ray_cluster import node_resource
 from slurm.run_folder import write_json
 from slurm.smoke.report import Check, failed, passed
 

@@ -18,7 +18,7 @@ from typing import Any
 from slurm.backends import Backend, EvalEngine, ServiceSpec
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig, ServiceTable
-from slurm.environment import NodeInfo
+from slurm.node.environment import NodeInfo
 from slurm.run_folder import AttemptFolder, read_json
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext

@@ -37,7 +37,7 @@ from slurm.backends.slime.config import (
 from slurm.backends.slime.conversion import Conversion, plan, run_to_folder
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import ExperimentConfig, ServiceTable
-from slurm.environment import NodeInfo
+from slurm.node.environment import NodeInfo
 from slurm.run_folder import write_json
 from slurm.smoke import world
 from slurm.smoke.context import SmokeContext

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepdive.convert import convert
+from deepdive.convert.rows import convert
 from deepdive.offline.build import write_world
 from deepdive.offline.world import WorldSizes
 from slurm.config import ServiceTable

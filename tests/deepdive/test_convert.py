@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from deepdive.convert import ConversionError, convert, is_eval, question_id
+from deepdive.convert.rows import ConversionError, convert, is_eval, question_id
 from deepdive.protocol import SYSTEM_PROMPT, TOOL_SCHEMAS
 
 GOLDEN = Path(__file__).with_name("golden")

@@ -28,7 +28,7 @@ from deepdive.rollout import generate_with_tool  # noqa: E402
 from deepdive.rollout_settings import RolloutSettings, rollout_args  # noqa: E402
 from deepdive.sample import LocalSample  # noqa: E402
 from services.base.secrets import TOKEN_ENV  # noqa: E402
-from services.metrics import ServiceMetrics  # noqa: E402
+from services.serving.metrics import ServiceMetrics  # noqa: E402
 from tests.helpers import serve_in_thread  # noqa: E402
 
 

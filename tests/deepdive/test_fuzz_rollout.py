@@ -17,11 +17,11 @@ from deepdive.protocol import FINISH, find_tool_calls, format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
-from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.rule_judge import RuleJudge
+from services.serving.metrics import ServiceMetrics
 from tests import hostile
 from tests.helpers import make_args, new_sample, serve_in_thread, tool_app
 

@@ -14,7 +14,7 @@ from deepdive.protocol import format_observation, format_tool_call
 from deepdive.rollout import generate_with_tool, reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn, logprob_of
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.serving.serve import bind, start_server_thread
 from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers

@@ -31,8 +31,8 @@ from deepdive.tool_errors import ToolsFailing, tool_error_counts
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from fakes.upstream import create_app as fake_upstream
 from services.base.errors import ConfigError
-from services.http import RetryPolicy, UpstreamSettings
-from services.metrics import ServiceMetrics
+from services.client.http import RetryPolicy, UpstreamSettings
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deepdive.convert import convert
+from deepdive.convert.rows import convert
 from deepdive.offline.build import write_world
 from deepdive.offline.world import (
     WorldSizes,
@@ -26,9 +26,9 @@ from deepdive.offline.world import (
     name_words,
 )
 from deepdive.protocol import RewardRequest, find_tool_calls, format_observation
-from services.metrics import ServiceMetrics
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.rule_judge import RuleJudge
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig

@@ -4,7 +4,7 @@ import pytest
 
 from services.base.errors import DeadlineExceeded, UpstreamUnavailable
 from services.cache import AsyncCache, CacheSettings
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from tests.helpers import FakeClock
 
 

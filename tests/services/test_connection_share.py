@@ -19,8 +19,8 @@ import pytest
 from starlette.types import ASGIApp
 
 from services.base.waiting import wait_for
-from services.metrics import ServiceMetrics
 from services.serving.connections import BatchedReport, ConnectionGuard, ConnectionLimits
+from services.serving.metrics import ServiceMetrics
 from services.serving.serve import bind, start_server_thread
 from services.web import service_app
 

@@ -19,11 +19,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deepdive.protocol import FINISH, format_observation, format_tool_call
-from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.rule_judge import RuleJudge
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig

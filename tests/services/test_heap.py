@@ -19,7 +19,7 @@ from services.serving.heap import SERVICE_GC_THRESHOLDS, service_gc_thresholds
 SETTLED = """
 import gc, json, weakref
 from services.serving.heap import settle_heap
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 
 before = gc.get_threshold()
 settle_heap()

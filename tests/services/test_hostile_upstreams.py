@@ -20,10 +20,10 @@ import pytest
 
 from fakes.hostile_upstream import Misbehaviour, hostile_upstream
 from services.base.errors import ConfigError, UpstreamBadResponse, UpstreamError
-from services.http import RetryPolicy, Upstream, UpstreamSettings
-from services.metrics import ServiceMetrics
-from services.plain_http import MAX_HEAD_BYTES, check_header
+from services.client.http import RetryPolicy, Upstream, UpstreamSettings
+from services.client.plain_http import MAX_HEAD_BYTES, check_header
 from services.reward_server.openai_judge import OpenAIJudge
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
@@ -89,7 +89,7 @@ async def test_bytes_that_arrive_on_an_idle_connection_close_it(kind: str) -> No
     """A reply longer than its length whose extra bytes come in a later segment, while the
     connection idles in the pool: the next request must go out on a fresh connection. aiohttp
     3.14.5 alone hands such bytes to the next request (aio-libs/aiohttp#13656, its connector's
-    _get reuses a connection without checking should_close); services/http.py's
+    _get reuses a connection without checking should_close); services/client/http.py's
     ReuseCheckedConnector closes the connection instead."""
     with hostile_upstream(echo, "overlong_late", INJECTED) as upstream:
         up = client(upstream.url, CLIENTS[kind])
@@ -365,7 +365,9 @@ def test_a_search_reply_for_another_query_is_retried_then_refused_and_not_cached
 
         first, refused = asyncio.run(two())
     assert [r.title for r in first] == ["first 0", "first 1", "first 2"]
-    from services.http import MismatchedReply  # here: so the old code's run collects the rest
+    from services.client.http import (
+        MismatchedReply,  # here: so the old code's run collects the rest
+    )
 
     assert isinstance(refused, UpstreamBadResponse)
     assert not isinstance(refused, MismatchedReply)

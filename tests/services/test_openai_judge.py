@@ -17,12 +17,12 @@ from werkzeug import Request, Response
 
 from deepdive.protocol import FINISH, RewardRequest, format_tool_call
 from services.base.errors import UpstreamBadResponse
-from services.http import RetryPolicy, UpstreamSettings
-from services.metrics import ServiceMetrics
+from services.client.http import RetryPolicy, UpstreamSettings
 from services.reward_server.app import create_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.openai_judge import GRADER_PROMPT, OpenAIJudge, parse_grade
+from services.serving.metrics import ServiceMetrics
 from tests.helpers import serve_in_thread, wait_for_requests
 
 KEY = "judge-key-0123456789"

@@ -1,4 +1,4 @@
-"""The lean client (services/plain_http.py) through `Upstream(plain_http=True)`, against raw
+"""The lean client (services/client/plain_http.py) through `Upstream(plain_http=True)`, against raw
 asyncio servers on loopback that answer exactly what each case needs: keep-alive reuse, a
 connection the server closed while idle, chunked bodies, the response cap, malformed and cut
 replies, refused connections and deadlines."""
@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from services.base.errors import UpstreamBadResponse, UpstreamUnavailable
-from services.http import RetryPolicy, Upstream, UpstreamSettings
-from services.plain_http import PlainHttpError, _Connection
+from services.client.http import RetryPolicy, Upstream, UpstreamSettings
+from services.client.plain_http import PlainHttpError, _Connection
 from tests.helpers import Closing
 
 
@@ -175,7 +175,7 @@ async def test_a_connection_the_server_closes_is_freed_at_once_not_by_the_collec
                 assert len((await up.send("POST", "/page", json={})).content) > 100_000
             await asyncio.sleep(0.05)  # every connection_lost has run
             gc.collect()
-            ours = [o for o in gc.garbage if type(o).__module__ == "services.plain_http"]
+            ours = [o for o in gc.garbage if type(o).__module__ == "services.client.plain_http"]
         finally:
             gc.set_debug(0)
             gc.garbage.clear()

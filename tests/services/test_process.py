@@ -15,7 +15,7 @@ from services.base.process import ServiceProcess, ServiceStartError, serving_gro
 from services.base.ready import ReadyRecord, read_ready, write_ready
 from services.base.secrets import TOKEN_ENV
 from services.base.waiting import WaitTimeout, wait_for
-from slurm.ray_keeper import group_alive  # zombies do not count: a container may not reap them
+from slurm.node.ray_keeper import group_alive  # zombies do not count: a container may not reap them
 from tests.helpers import FakeClock
 
 

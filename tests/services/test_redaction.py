@@ -19,12 +19,12 @@ from pytest_httpserver import HTTPServer
 
 from deepdive.protocol import FINISH, format_tool_call
 from services.base.logs import redact, register_secret
-from services.http import RetryPolicy, UpstreamSettings
-from services.metrics import ServiceMetrics
+from services.client.http import RetryPolicy, UpstreamSettings
 from services.reward_server.app import create_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.openai_judge import OpenAIJudge
+from services.serving.metrics import ServiceMetrics
 from services.web import json_response
 from tests.helpers import serve_in_thread
 

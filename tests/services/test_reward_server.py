@@ -9,13 +9,13 @@ import httpx
 import pytest
 
 from deepdive.protocol import FINISH, format_observation, format_tool_call
-from services.metrics import ServiceMetrics
 from services.reward_server.app import create_app
 from services.reward_server.build import build_judge
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
 from services.reward_server.judging import Verdict
 from services.reward_server.rule_judge import RuleJudge
+from services.serving.metrics import ServiceMetrics
 from tests.helpers import serve_in_thread
 
 QUESTION = "Which city hosted the 1889 World's Fair?"

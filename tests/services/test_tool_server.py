@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.types import ASGIApp
 
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig

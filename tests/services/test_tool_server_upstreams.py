@@ -17,8 +17,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from services.http import RetryPolicy, UpstreamSettings
-from services.metrics import ServiceMetrics
+from services.client.http import RetryPolicy, UpstreamSettings
+from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig

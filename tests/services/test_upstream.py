@@ -20,8 +20,8 @@ from services.base.errors import (
     UpstreamRateLimited,
     UpstreamUnavailable,
 )
-from services.http import RetryPolicy, Upstream, UpstreamSettings, parse_retry_after
-from services.metrics import ServiceMetrics
+from services.client.http import RetryPolicy, Upstream, UpstreamSettings, parse_retry_after
+from services.serving.metrics import ServiceMetrics
 from tests.helpers import FakeClock, wait_for_requests
 
 FAST = RetryPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.02)

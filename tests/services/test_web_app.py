@@ -15,7 +15,7 @@ from starlette.routing import Router
 from starlette.types import ASGIApp, Receive, Scope
 
 from services.base.errors import PayloadTooLarge
-from services.metrics import ServiceMetrics
+from services.serving.metrics import ServiceMetrics
 from services.web import (
     BearerAuthMiddleware,
     FastRoutes,

@@ -20,13 +20,13 @@ from deepdive.rollout_settings import RolloutSettings
 from services.serving.workers import MAX_DEFAULT_WORKERS
 from slurm.backends import build_backend
 from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled
-from slurm.cadence import LONG_POLL_S
 from slurm.config import load_experiment
-from slurm.environment import CpuGrant, NodeInfo, current_node
-from slurm.phases import NodeFailed, PhaseLog, Stopping, read_phases
-from slurm.ports import HIGH, plan_node_ports
+from slurm.node.cadence import LONG_POLL_S
+from slurm.node.environment import CpuGrant, NodeInfo, current_node
+from slurm.node.phases import NodeFailed, PhaseLog, Stopping, read_phases
+from slurm.node.ports import HIGH, plan_node_ports
 from slurm.run_folder import RunFolder, write_json
-from slurm.status import run_status
+from slurm.view.status import run_status
 from tests.helpers import FakeClock, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -328,7 +328,7 @@ import pickle
 import sys
 from pathlib import Path
 from slurm.bootstrap import NodeBootstrap
-from slurm.environment import NodeInfo
+from slurm.node.environment import NodeInfo
 job = pickle.loads(Path(sys.argv[1]).read_bytes())  # what submitit's task does first
 bootstrap = NodeBootstrap(job.config, NodeInfo("4714", 1, 2, "host", "n2", 0, 2))
 bootstrap.backend.environment("127.0.0.1")

@@ -33,7 +33,7 @@ def test_every_command_has_help(args: list[str]) -> None:
 
 HEAVY: tuple[str, ...] = ("torch", "ray", "starlette", "uvicorn", "aiohttp", "submitit")
 HEAVY += ("transformers", "httpx", "services.tool_server", "services.reward_server")
-HEAVY += ("services.http",)
+HEAVY += ("services.client.http",)
 LOADED = """
 import contextlib, io, sys
 from slurm.cli import main
@@ -57,7 +57,7 @@ def modules_loaded(*args: str) -> list[str]:
 @pytest.mark.parametrize(
     ("args", "most", "unloaded"),
     [
-        (["--help"], 150, ("deepdive", "slurm.command", "slurm.config")),
+        (["--help"], 150, ("deepdive", "slurm.launch.command", "slurm.config")),
         (["status", "--help"], 250, ()),
         (["logs", "--help"], 250, ()),
         (["trajectories", "--help"], 250, ()),

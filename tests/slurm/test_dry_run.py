@@ -14,9 +14,9 @@ import pytest
 
 from slurm import requeue
 from slurm.config import load_experiment
+from slurm.launch.submit import executor_parameters, sbatch_script
+from slurm.launch.task_command import python_command
 from slurm.run_folder import RunFolder
-from slurm.submit import executor_parameters, sbatch_script
-from slurm.task_command import python_command
 from tests.helpers import DEEPDIVE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The egress probe (slurm/egress.py): one real search and one real read through a node's own
+"""The egress probe (slurm/node/egress.py): one real search and one real read through a node's own
 tool server, started as the node starts it (`python -m services tools`, a child with the
 node's environment), its upstreams fakes on loopback: an answer passes; a refused key, a
 proxy that is gone or refuses, a name that does not resolve and a node with no route out
@@ -28,7 +28,7 @@ from services.tool_server.config import ToolServerConfig
 from slurm.backends import ServiceSpec
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import load_experiment
-from slurm.egress import (
+from slurm.node.egress import (
     FALLBACK_URL,
     PROBE_QUERY,
     EgressFailed,
@@ -36,9 +36,9 @@ from slurm.egress import (
     Upstreams,
     probe_egress,
 )
-from slurm.environment import NodeInfo
-from slurm.phases import NodeFailed, read_phases
-from slurm.ports import plan_node_ports
+from slurm.node.environment import NodeInfo
+from slurm.node.phases import NodeFailed, read_phases
+from slurm.node.ports import plan_node_ports
 from slurm.run_folder import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +263,7 @@ NO_ROUTE_SCRIPT = """
 import sys
 from pathlib import Path
 from tests.slurm.test_egress_probe import clean_environment, probe
-from slurm.egress import EgressFailed
+from slurm.node.egress import EgressFailed
 table = {"search": "serper", "reader": "jina", "serper": {"retry": {"max_attempts": 1}},
          "jina": {"retry": {"max_attempts": 1}}}  # the real upstreams' addresses
 try:

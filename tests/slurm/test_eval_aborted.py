@@ -11,8 +11,8 @@ import orjson
 
 from deepdive.sample import LocalSample, SampleStatus
 from deepdive.trajectory_format import read_episodes
-from slurm.eval_report import episode_row, summarize
-from slurm.evaluate import too_many_aborted
+from slurm.launch.eval_report import episode_row, summarize
+from slurm.launch.evaluate import too_many_aborted
 
 REFUSED = "sglang: HTTP 400: The input (40001 tokens) is longer than the model's context length"
 

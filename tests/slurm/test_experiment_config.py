@@ -16,7 +16,7 @@ import pytest
 from deepdive.rollout_settings import RolloutKnobs, settings_from_args
 from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig, load_experiment, local_run_config
-from slurm.preflight import missing_inputs, require_inputs
+from slurm.launch.preflight import missing_inputs, require_inputs
 from tests.helpers import DEEPDIVE
 
 ROOT = Path(__file__).resolve().parents[2]

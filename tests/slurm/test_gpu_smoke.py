@@ -21,7 +21,7 @@ import pytest
 
 from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig
-from slurm.environment import CpuGrant, GpuGrant, gpus_given
+from slurm.node.environment import CpuGrant, GpuGrant, gpus_given
 from slurm.smoke.context import SmokeContext, here
 from slurm.smoke.image import (
     Needed,

@@ -1,4 +1,4 @@
-"""At submit, the image's labels against the launcher's code (slurm/image_labels.py): the labels
+"""At submit, the image's labels against the launcher's code (slurm/launch/image_labels.py): the labels
 as `apptainer inspect --json --labels` prints them (apptainer is not installed here: its output
 shape is recorded below from apptainer's pkg/inspect/metadata.go, and a stand-in executable
 prints it for the command-line tests), the code compared in real git repositories."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.image_labels import (
+from slurm.launch.image_labels import (
     CODE,
     LabelsUnreadable,
     checkout_difference,

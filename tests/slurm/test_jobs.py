@@ -337,7 +337,7 @@ def test_a_warned_job_saves_at_the_next_step_and_resumes_there(
     """A job warned after step 3 with no periodic checkpoint due (local.checkpoint.every is
     past the end): node 0 forwards the warning to the trainer, which saves at the next step's
     end; the requeue waits for that save and the next attempt resumes there, not at step 0
-    (slurm/preemption.py). `deepdive status` says what the warning saved and what was lost."""
+    (slurm/node/preemption.py). `deepdive status` says what the warning saved and what was lost."""
     steps = 40
     run = tmp_path / "warned"
     job = submit(tiny_job(run, steps, "local.checkpoint.every=1000"), job_env)

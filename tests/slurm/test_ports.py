@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.serving.serve import bind
-from slurm.ports import (
+from slurm.node.ports import (
     BLOCK,
     HIGH,
     LOW,

@@ -1,4 +1,4 @@
-"""The warning's save (slurm/preemption.py, deepdive/save_timing.py, the slime driver) with real
+"""The warning's save (slurm/node/preemption.py, deepdive/save_timing.py, the slime driver) with real
 processes: node 0's decision against a trainer that handles the warning or ignores it, slime's
 train.py through our driver, and what `deepdive status` says of it. The whole job on Slurm is
 tests/slurm/test_jobs.py::test_a_warned_job_saves_at_the_next_step_and_resumes_there."""
@@ -18,9 +18,9 @@ import pytest
 
 from deepdive.save_timing import SAVE_TIMING_ENV, WARNING_SIGNAL, SaveTimer, read_save_record
 from slurm import requeue
-from slurm.preemption import WarnedSave, stop_reserve_s
+from slurm.node.preemption import WarnedSave, stop_reserve_s
 from slurm.run_folder import RunFolder, write_json
-from slurm.status import last_warning
+from slurm.view.status import last_warning
 from tests.helpers import FakeClock, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from slurm.bootstrap import NodeBootstrap
-from slurm.cadence import LONG_POLL_S
 from slurm.config import load_experiment
-from slurm.environment import NodeInfo
-from slurm.phases import NodeFailed
-from slurm.ports import NodePorts, candidate_blocks, taken
-from slurm.ray_cluster import RayNode
+from slurm.node.cadence import LONG_POLL_S
+from slurm.node.environment import NodeInfo
+from slurm.node.phases import NodeFailed
+from slurm.node.ports import NodePorts, candidate_blocks, taken
+from slurm.node.ray_cluster import RayNode
 from tests.helpers import TINY_JOB, FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,10 +99,12 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
 
 
 def test_rays_keeper_starts_without_an_http_client() -> None:
-    """The keeper (slurm.ray_keeper) is a Python process started in front of every node's
+    """The keeper (slurm.node.ray_keeper) is a Python process started in front of every node's
     Ray: what it imports delays the node's Ray start. It imported httpx through
     services.base.process (for child_preexec), ~0.7 s of CPU per node on a loaded host."""
-    script = "import sys, slurm.ray_keeper; print(sorted(m.split('.')[0] for m in sys.modules))"
+    script = (
+        "import sys, slurm.node.ray_keeper; print(sorted(m.split('.')[0] for m in sys.modules))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,

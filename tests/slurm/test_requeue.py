@@ -20,12 +20,12 @@ import pytest
 from slurm import requeue
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import load_experiment
-from slurm.environment import NodeInfo
-from slurm.phases import PhaseLog
+from slurm.launch.submit import executor_parameters, sbatch_script
+from slurm.launch.task_command import python_command
+from slurm.node.environment import NodeInfo
+from slurm.node.phases import PhaseLog
 from slurm.run_folder import RunFolder
-from slurm.status import run_status
-from slurm.submit import executor_parameters, sbatch_script
-from slurm.task_command import python_command
+from slurm.view.status import run_status
 from tests.helpers import DEEPDIVE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ import pytest
 from services.base.errors import ConfigError
 from slurm.bootstrap import NodeBootstrap
 from slurm.config import NODE_ADDRESS, ExperimentConfig, load_experiment
-from slurm.environment import NodeInfo
-from slurm.network import ROUTE, node_address, route_address
-from slurm.phases import NodeFailed
-from slurm.ports import plan_node_ports
+from slurm.node.environment import NodeInfo
+from slurm.node.network import ROUTE, node_address, route_address
+from slurm.node.phases import NodeFailed
+from slurm.node.ports import plan_node_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "cluster-tiny.toml"

@@ -13,8 +13,8 @@ import pytest
 
 from slurm.backends.slime.retention import checkpoint_bytes, disk_warnings, free_bytes
 from slurm.config import ExperimentConfig
-from slurm.image_mounts import invisible, visible_roots
-from slurm.preflight import missing_inputs
+from slurm.launch.image_mounts import invisible, visible_roots
+from slurm.launch.preflight import missing_inputs
 from tests.helpers import QWEN25_32B, slime_dry_run
 from tests.helpers import slime_recipe as recipe
 

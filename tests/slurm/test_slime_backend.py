@@ -23,8 +23,8 @@ from slurm.backends.slime.args import custom_config, presets, render, slime_argu
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.checks import check_slime, slime_flags
 from slurm.cluster_note import ClusterNode, ClusterNote, write_cluster
-from slurm.command import check_same_run
-from slurm.preflight import missing_inputs, require_inputs
+from slurm.launch.command import check_same_run
+from slurm.launch.preflight import missing_inputs, require_inputs
 from slurm.run_folder import AttemptFolder, RunFolder
 from tests.helpers import DEEPDIVE, SLIME_RECIPE, slime_dry_run
 from tests.helpers import slime_overrides as overrides

@@ -18,7 +18,7 @@ from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime
 from slurm.backends.slime.model_context import model_context
 from slurm.backends.slime.sglang_server import server_command
-from slurm.evaluate import evaluate
+from slurm.launch.evaluate import evaluate
 from tests.helpers import QWEN25_32B
 from tests.helpers import slime_recipe as recipe
 

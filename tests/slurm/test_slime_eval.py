@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from services.base.secrets import TOKEN_ENV
-from slurm.evaluate import services
+from slurm.launch.evaluate import services
 from tests.helpers import slime_recipe as recipe
 
 KEYS = {

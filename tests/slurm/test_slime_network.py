@@ -14,7 +14,7 @@ from services.base.errors import ConfigError
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.backend import SlimeBackend
 from slurm.backends.slime.checks import check_slime
-from slurm.network import interface_addresses, interface_for
+from slurm.node.network import interface_addresses, interface_for
 from tests.helpers import slime_recipe as recipe
 
 TABLE = {"lo": ["127.0.0.1"], "eth0": ["10.1.2.3"], "ib0": ["172.16.0.9", "172.16.1.9"]}

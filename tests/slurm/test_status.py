@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from slurm.phases import PhaseLog
+from slurm.node.phases import PhaseLog
 from tests.helpers import DEEPDIVE
 
 

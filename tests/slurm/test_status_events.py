@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from slurm.run_folder import RunFolder
-from slurm.status import run_status
+from slurm.view.status import run_status
 from tests.helpers import DEEPDIVE
 
 tensorboardX = pytest.importorskip("tensorboardX")

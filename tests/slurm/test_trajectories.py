@@ -33,8 +33,8 @@ from deepdive.trajectory_format import (
 )
 from deepdive.trajectory_recorder import record_step
 from services.base.errors import ConfigError
-from slurm.eval_report import episode_row
-from slurm.trajectories import (
+from slurm.launch.eval_report import episode_row
+from slurm.view.trajectories import (
     Where,
     load_episodes,
     read_stats,
@@ -43,8 +43,8 @@ from slurm.trajectories import (
     step_stats,
     where_of,
 )
-from slurm.trajectory_page import render_page
-from slurm.trajectory_terminal import print_episodes
+from slurm.view.trajectory_page import render_page
+from slurm.view.trajectory_terminal import print_episodes
 from tests.browser import ELEMENT, Browser, headless_chromium, missing_browser
 from tests.hostile import json_values, model_turns, tool_names, unicode_text
 
@@ -52,7 +52,7 @@ DEEPDIVE = [sys.executable, "-m", "slurm.cli", "trajectories"]
 # DEEPDIVE_SCREENSHOT=docs/trajectories.png: the browser test keeps its screenshot there
 SCREENSHOT = os.environ.get("DEEPDIVE_SCREENSHOT")
 
-# Episodes written by the code that writes them in a real eval (slurm/eval_report.py's
+# Episodes written by the code that writes them in a real eval (slurm/launch/eval_report.py's
 # `episode_row` over the rollout's Sample), in the rollout's own syntax.
 HOSTILE = '</script><script>alert(1)</script> <img src=x onerror=alert(2)> & "quoted"'
 
@@ -138,7 +138,7 @@ def trajectories() -> list[tuple[str, str, list[tuple[str, str | None]], float, 
 
 def write_eval_folder(folder: Path, checkpoints: tuple[str, ...] = ("base", "step_4")) -> Path:
     """An eval output folder: each trajectory under each checkpoint, in results.jsonl as
-    `deepdive eval` writes it (slurm/eval_report.py's `episode_row`)."""
+    `deepdive eval` writes it (slurm/launch/eval_report.py's `episode_row`)."""
     rows = []
     for checkpoint in checkpoints:
         for index, (qid, question, turns, reward, status, label) in enumerate(trajectories()):

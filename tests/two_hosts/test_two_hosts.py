@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 import pytest
 
-from slurm.phases import read_phases
+from slurm.node.phases import read_phases
 from tests.helpers import newest_checkpoint, wait_until
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ slime's own actors (its rollout manager, the SGLang engines, the Megatron traine
 job's nodes under Ray, so what they need comes through Ray's processes: each node's Ray is
 started with the backend's environment (the Python path to slime and Megatron-LM,
 SLIME_HOST_IP, GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: slime.socket_ifname or the interface
-that holds the node's address, slurm/network.py; the env file's secrets), and
+that holds the node's address, slurm/node/network.py; the env file's secrets), and
 our rollout's keys with the service URLs reach `args` through the --custom-config-path YAML,
 which node 0 writes into the attempt's folder once every node is ready: every node's URLs
 (every worker of every node's tool server, every node's reward server) from the attempt's
@@ -45,7 +45,7 @@ from slurm.backends.slime.retention import (
 )
 from slurm.cluster_note import read_cluster
 from slurm.config import ExperimentConfig
-from slurm.network import interface_addresses, interface_for
+from slurm.node.network import interface_addresses, interface_for
 from slurm.run_folder import AttemptFolder
 
 CUSTOM_CONFIG = "deepdive_rollout.yaml"
@@ -57,7 +57,7 @@ def node_memory(config: ExperimentConfig) -> tuple[float, str] | None:
     """A node's memory for the host estimate (GiB, and where the figure came from): the
     experiment's slurm.mem_gb, else the smallest RealMemory Slurm lists for the partition's
     nodes (what --mem=0 on a whole node gives; None when Slurm does not answer here)."""
-    from slurm.scheduler import SchedulerError, node_memory_mib
+    from slurm.launch.scheduler import SchedulerError, node_memory_mib
 
     slurm = config.slurm
     if slurm.mem_gb:

@@ -144,7 +144,7 @@ def check_slime(config: ExperimentConfig) -> list[str]:
             'an address the other nodes reach (e.g. "node", with DEEPDIVE_SERVICE_TOKEN in '
             "the env file): slime's rollout may run on any node and calls node 0's services",
         )
-    if hf is None:  # slurm.preflight lists the missing model; a real submit refuses it
+    if hf is None:  # slurm.launch.preflight lists the missing model; a real submit refuses it
         return [
             f"not checked against the model (no {slime.model.hf_checkpoint}/config.json yet): "
             "the preset's shape, the context SGLang serves, the memory estimate"
@@ -239,7 +239,7 @@ def _check_required(config: ExperimentConfig) -> None:
         _fail("slime.model.ref_load", "the reference torch_dist checkpoint (KL needs one)")
     if not rollout.prompt_data:
         _fail("slime.rollout.prompt_data", "a JSONL file of prompts (deepdive convert)")
-    # that they exist is slurm.preflight's: a dry run goes on without them
+    # that they exist is slurm.launch.preflight's: a dry run goes on without them
     if config.slurm.gpus_per_node < 1:
         _fail("slurm.gpus_per_node", "at least 1 for the slime backend")
 
@@ -403,7 +403,7 @@ def source_checkout() -> Path | None:
 
 
 def missing_inputs(config: ExperimentConfig) -> list[str]:
-    """What the slime job reads that is not on disk yet (slurm.preflight lists them: a dry run
+    """What the slime job reads that is not on disk yet (slurm.launch.preflight lists them: a dry run
     goes on without them, a real submission refuses)."""
     model, rollout = config.slime.model, config.slime.rollout
     missing = []

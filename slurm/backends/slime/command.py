@@ -11,7 +11,7 @@ from pathlib import Path
 from services.base.cli import add_overrides_argument
 from services.base.errors import ConfigError
 from slurm.config import load_experiment
-from slurm.preflight import require_inputs
+from slurm.launch.preflight import require_inputs
 from slurm.run_folder import private_folder
 
 
@@ -29,7 +29,7 @@ def add_convert_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_convert_checkpoint(args: argparse.Namespace) -> None:
     from slurm.backends.slime.conversion import executor_parameters, plan, submit
-    from slurm.submit import sbatch_script
+    from slurm.launch.submit import sbatch_script
 
     config = load_experiment(args.config, args.overrides)
     if config.run.backend != "slime":

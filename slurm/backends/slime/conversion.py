@@ -42,7 +42,7 @@ from slurm import requeue
 from slurm.backends.slime.args import architecture, slime_checkpoints
 from slurm.backends.slime.retention import TRACKER
 from slurm.config import ExperimentConfig
-from slurm.task_command import python_command, srun_cpus, submitit_folder
+from slurm.launch.task_command import python_command, srun_cpus, submitit_folder
 
 
 class ConversionFailed(RuntimeFailure):

@@ -1,5 +1,5 @@
 """What node 0 runs for `backend = "slime"`: slime's own train.py, through this driver, so that
-Slurm's warning saves at the next rollout boundary (slurm/preemption.py).
+Slurm's warning saves at the next rollout boundary (slurm/node/preemption.py).
 
 `python -m slurm.backends.slime.driver ARGV` in slime's root (the trainer's working
 directory, so `import train` finds train.py first on sys.path, as `python train.py` would)

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 
 from services.base.errors import ConfigError
-from slurm import event_files
-from slurm.phases import read_phases
+from slurm.node.phases import read_phases
 from slurm.run_folder import AttemptFolder, RunFolder, read_json
+from slurm.view import event_files
 
 # The tag of the mean training reward of a step: slime's rollout/raw_reward (slime/ray/rollout.py and
 # slime/observability/train_metric_utils.py at 624b824, logged with step "rollout/step"), the
@@ -78,7 +78,7 @@ class RunStatus:
     # what a requeue loses (the steps logged since that checkpoint, redone by the next attempt)
     redo: str | None = None
     # the newest warning (preemption or time limit): the save it made, or why none, and what
-    # its requeue lost (slurm/preemption.py)
+    # its requeue lost (slurm/node/preemption.py)
     warning: str | None = None
     # the agent's statistics at `step` (deepdive.agent_stats: tool calls, turns, rates)
     agent: dict[str, float] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """What must exist on disk before a job is submitted: the image, the env file, and what the
 backend reads (the model, the prompt data: `Backend.missing_inputs`), each visible inside the
-image at its own path with the configured binds (slurm/image_mounts.py). Kept apart from the config's own checks (types, ranges, coherence) so that a dry
+image at its own path with the configured binds (slurm/launch/image_mounts.py). Kept apart from the config's own checks (types, ranges, coherence) so that a dry
 run can print what would run before anything is downloaded or built, then list what is still
 missing; a real submission refuses until the list is empty."""
 
@@ -13,7 +13,7 @@ from services.base.errors import ConfigError
 from services.base.secrets import TOKEN_ENV, env_file_keys
 from slurm.backends import build_backend
 from slurm.config import INPUT_FILES, ExperimentConfig
-from slurm.image_mounts import describe, invisible
+from slurm.launch.image_mounts import describe, invisible
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -46,7 +46,7 @@ def missing_inputs(config: ExperimentConfig, only: tuple[str, ...] = ()) -> list
 
 
 def hidden_from_image(config: ExperimentConfig, backend_paths: dict[str, str]) -> list[str]:
-    """Every path the job reads that the image would not show at that path (slurm/image_mounts.py),
+    """Every path the job reads that the image would not show at that path (slurm/launch/image_mounts.py),
     as "key: what is wrong"."""
     container = config.container
     if not container.image:

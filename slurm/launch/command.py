@@ -19,7 +19,7 @@ from services.base.cli import add_overrides_argument
 from services.base.errors import ConfigError
 from services.base.files import atomic_write_bytes
 from slurm.config import ExperimentConfig, load_experiment
-from slurm.preflight import missing_inputs, require_inputs
+from slurm.launch.preflight import missing_inputs, require_inputs
 from slurm.run_folder import RunFolder, private_folder
 
 
@@ -43,8 +43,8 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_submit(args: argparse.Namespace) -> None:
     from slurm.backends import build_backend
-    from slurm.status import remember_job
-    from slurm.submit import sbatch_script, submit
+    from slurm.launch.submit import sbatch_script, submit
+    from slurm.view.status import remember_job
 
     overrides = list(args.overrides)
     if args.nodes is not None:
@@ -55,7 +55,7 @@ def run_submit(args: argparse.Namespace) -> None:
         print(f"warning: {warning}", file=sys.stderr)
     missing = missing_inputs(config)
     if config.container.image and not any(item.startswith("container.") for item in missing):
-        from slurm.image_labels import check_image
+        from slurm.launch.image_labels import check_image
 
         check_image(
             config.container.apptainer, config.container.image, args.allow_image_mismatch, warn
@@ -101,7 +101,7 @@ def run_submit(args: argparse.Namespace) -> None:
 def undone_if_refused(run: RunFolder) -> Iterator[None]:
     """A submission sbatch refuses leaves the run folder as it found it: a new folder is
     removed, an existing one gets its config back and loses the pickles written for the job."""
-    from slurm.submit import SubmissionRefused
+    from slurm.launch.submit import SubmissionRefused
 
     existed = run.root.exists()
     config = run.config.read_bytes() if run.config.is_file() else None
@@ -143,8 +143,8 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_status(args: argparse.Namespace) -> None:
-    from slurm.scheduler import job_state
-    from slurm.status import agent_line, find_run, run_status
+    from slurm.launch.scheduler import job_state
+    from slurm.view.status import agent_line, find_run, run_status
 
     status = run_status(find_run(args.run), job_state)
     if args.json:
@@ -188,7 +188,7 @@ def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_logs(args: argparse.Namespace) -> None:
-    from slurm.status import find_run
+    from slurm.view.status import find_run
 
     run = find_run(args.run)
     attempt = run.attempt(args.attempt) if args.attempt else run.latest_attempt()
@@ -224,8 +224,8 @@ def add_cancel_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cancel(args: argparse.Namespace) -> None:
-    from slurm.scheduler import cancel
-    from slurm.status import find_run
+    from slurm.launch.scheduler import cancel
+    from slurm.view.status import find_run
 
     run = find_run(args.run)
     jobs = run.submitted_jobs()
@@ -262,7 +262,7 @@ def run_eval(args: argparse.Namespace) -> None:
     from rich.console import Console
 
     from slurm.backends import build_backend
-    from slurm.evaluate import evaluate, read_rows
+    from slurm.launch.evaluate import evaluate, read_rows
 
     config = load_experiment(args.config, args.overrides)
     if args.samples < 1:
@@ -322,17 +322,17 @@ def add_trajectories_arguments(parser: argparse.ArgumentParser) -> None:
 def run_trajectories(args: argparse.Namespace) -> None:
     from rich.console import Console
 
-    from slurm.trajectories import Where, load_episodes, read_stats, select
+    from slurm.view.trajectories import Where, load_episodes, read_stats, select
 
     wheres = [Where.parse(term) for term in args.where]
     episodes = load_episodes(args.run)
     chosen = select(episodes, wheres, args.step, args.last)
     if args.html is None:
-        from slurm.trajectory_terminal import print_episodes
+        from slurm.view.trajectory_terminal import print_episodes
 
         print_episodes(chosen, Console(), max(0, args.limit), args.unfold)
         return
-    from slurm.trajectory_page import render_page
+    from slurm.view.trajectory_page import render_page
 
     page = render_page(f"deepdive trajectories: {args.run}", chosen, episodes, read_stats(args.run))
     atomic_write_bytes(args.html, page.encode())

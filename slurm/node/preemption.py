@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from deepdive.save_timing import WARNING_SIGNAL, read_save_record
-from slurm.cadence import LONG_POLL_S
+from slurm.node.cadence import LONG_POLL_S
 
 POLL_S = 0.2
 

@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from deepdive.trajectory_format import EpisodeRecord, TurnRecord
-from slurm.trajectories import reason_of, tools_of, where_of
+from slurm.view.trajectories import reason_of, tools_of, where_of
 
 FOLDED_LINES = 3
 FOLDED_CHARS = 240

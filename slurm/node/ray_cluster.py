@@ -1,5 +1,5 @@
 """One node's Ray: `ray start --block` on the node's planned ports, under a keeper
-(slurm.ray_keeper) that stops it, copies its session logs into the attempt folder and removes
+(slurm.node.ray_keeper) that stops it, copies its session logs into the attempt folder and removes
 its temp dir however the job ends.
 
 `--block` keeps `ray start` in the foreground, watching the processes it started and taking
@@ -28,8 +28,8 @@ from pathlib import Path
 from services.base.errors import RuntimeFailure
 from services.base.process import child_preexec, log_tail, terminate
 from services.base.waiting import WaitTimeout, wait_for
-from slurm.ports import NodePorts
-from slurm.ray_keeper import end_group
+from slurm.node.ports import NodePorts
+from slurm.node.ray_keeper import end_group
 
 STARTED = "Ray runtime started."
 # What a Ray worker writes (worker-*.err in the session's logs) when the node's worker port
@@ -136,7 +136,7 @@ class RayNode:
         return [
             sys.executable,
             "-m",
-            "slurm.ray_keeper",
+            "slurm.node.ray_keeper",
             f"--temp-dir={self.temp_dir}",
             f"--logs-to={self.logs_to}",
             "--",

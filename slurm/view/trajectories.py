@@ -26,7 +26,7 @@ from deepdive.trajectory_format import (
 from deepdive.trajectory_recorder import EVAL_FOLDER, STATS_FILE
 from services.base.errors import ConfigError
 
-RESULTS = "results.jsonl"  # what `deepdive eval` writes (slurm/eval_report.py)
+RESULTS = "results.jsonl"  # what `deepdive eval` writes (slurm/launch/eval_report.py)
 WHERE_KEYS = ("reward", "status", "tool", "text", "step", "checkpoint", "id")
 
 

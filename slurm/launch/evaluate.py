@@ -33,7 +33,7 @@ from services.base.process import ServiceProcess
 from services.base.secrets import TOKEN_ENV, load_env_file
 from slurm.backends import Checkpoint, build_backend
 from slurm.config import ExperimentConfig
-from slurm.eval_report import episode_row, print_table, summarize
+from slurm.launch.eval_report import episode_row, print_table, summarize
 
 # an evaluation mostly ABORTED measures SGLang, not the checkpoint: its accuracy is no figure
 EVAL_HINTS = (

@@ -30,7 +30,7 @@ VERSION = "org.opencontainers.image.version"
 # what the nodes run from the project (the image installs them; configs travel in the job)
 CODE = ("deepdive", "services", "slurm", "pyproject.toml", "requirements.lock")
 PACKAGE = "deepdive-slurm"
-LAUNCHER = Path(__file__).resolve().parent.parent  # a checkout's root, or site-packages
+LAUNCHER = Path(__file__).resolve().parents[2]  # a checkout's root, or site-packages
 
 
 class LabelsUnreadable(RuntimeFailure):

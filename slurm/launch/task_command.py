@@ -1,7 +1,7 @@
 """How every task of a job starts: the Python it runs (submitit's `python` override: the
 submitting interpreter, or `apptainer exec ... IMAGE python3`), the CPUs srun gives it, and
 the submitit folder it reads its pickle from. The training job, a conversion and the GPU smoke job share them; apart
-from slurm/submit.py so those jobs need nothing of the training job's submission."""
+from slurm/launch/submit.py so those jobs need nothing of the training job's submission."""
 
 from __future__ import annotations
 

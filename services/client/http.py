@@ -4,7 +4,7 @@ Every external service (Serper, SerpAPI, Jina, a judge, SGLang, our own services
 through an `Upstream`. Tests point its `base_url` at a local HTTP server; nothing is patched.
 
 The pool is aiohttp's for everything that leaves the cluster; the rollout's plain http:// hops
-to our own services and SGLang go through services/plain_http.py (`plain_http=True`, set only
+to our own services and SGLang go through services/client/plain_http.py (`plain_http=True`, set only
 by deepdive.clients). Measured side by side on these machines at 64 concurrent requests:
 httpx on httpcore costs ~17 ms of CPU per request (its pool re-scans every connection for every
 queued request), httpx on an aiohttp transport 0.77 ms, aiohttp alone 0.36 ms; a rollout turn
@@ -49,10 +49,10 @@ from services.base.errors import (
 )
 from services.base.logs import log_event, redact, redact_third_party_loggers
 from services.base.secrets import register_proxy_secrets
-from services.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge, check_header
+from services.client.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge, check_header
 
 if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus
-    from services.metrics import ServiceMetrics
+    from services.serving.metrics import ServiceMetrics
 
 __all__ = [
     "ErrorClassifier",
@@ -182,7 +182,7 @@ _TRANSPORT_WORDS: tuple[tuple[type[BaseException], str], ...] = (
 
 
 # Why a connect failed, from the socket's errno: what tells a closed port from a node without
-# a route out (`unshare -n`: ENETUNREACH) when an egress probe fails (slurm/egress.py).
+# a route out (`unshare -n`: ENETUNREACH) when an egress probe fails (slurm/node/egress.py).
 _SOCKET_REASONS = {
     errno.ECONNREFUSED: "connection refused",
     errno.ENETUNREACH: "network unreachable",
@@ -246,7 +246,7 @@ class UpstreamSettings:
     max_response_bytes: int = 10_000_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # True only for plain http:// hops inside the cluster (the rollout's calls to our own
-    # services and SGLang): calls services.plain_http can make (a path under base_url, a JSON
+    # services and SGLang): calls services.client.plain_http can make (a path under base_url, a JSON
     # or bytes body) go through it, about a third of aiohttp's CPU per request. Everything that
     # leaves the cluster keeps the default: aiohttp for every call.
     plain_http: bool = False

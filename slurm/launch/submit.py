@@ -21,8 +21,8 @@ from typing import Any
 
 from slurm import requeue
 from slurm.config import ExperimentConfig
-from slurm.scheduler import SchedulerError
-from slurm.task_command import python_command, srun_cpus, submitit_folder
+from slurm.launch.scheduler import SchedulerError
+from slurm.launch.task_command import python_command, srun_cpus, submitit_folder
 
 # srun's own option: when any task exits non-zero, end the others (fail fast, no stragglers)
 SRUN_ARGS = ("--kill-on-bad-exit=1",)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deepdive.trajectory_format import EpisodeRecord, TurnRecord
-from slurm.trajectories import (
+from slurm.view.trajectories import (
     WHERE_KEYS,
     StepStats,
     reason_of,
@@ -56,7 +56,7 @@ h1{font-size:1.3em}h2{font-size:1.1em;margin-top:1.5em}
 """
 
 # The filter: every term must match; KEY=VALUE on the episode's data attributes, a bare word
-# (or text=...) anywhere in its text. The same rules as slurm.trajectories.Where.
+# (or text=...) anywhere in its text. The same rules as slurm.view.trajectories.Where.
 SCRIPT = """
 (function(){
   var box=document.getElementById('filter'), shown=document.getElementById('shown');

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from deepdive.convert import (
+from deepdive.convert.rows import (
     ConversionError,
     convert,
     default_eval_path,

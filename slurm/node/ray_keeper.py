@@ -1,4 +1,4 @@
-"""`python -m slurm.ray_keeper`: one node's `ray start --block`, and what must happen when it ends
+"""`python -m slurm.node.ray_keeper`: one node's `ray start --block`, and what must happen when it ends
 however the job ends: Ray's processes stopped, Ray's session logs (every actor's output) copied
 into the attempt folder, Ray's temp dir removed.
 
@@ -12,7 +12,7 @@ SIGTERM to the group, SIGKILL to what is left after a short grace. Ray's drain o
 (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, 30 s) serves Ray Serve's proxies, which a job has none
 of, so the keeper starts Ray with it off.
 
-    python -m slurm.ray_keeper --temp-dir T --logs-to DIR [--grace-s S] -- COMMAND...
+    python -m slurm.node.ray_keeper --temp-dir T --logs-to DIR [--grace-s S] -- COMMAND...
 
 Its exit code is `ray start`'s when Ray ended by itself (a failure), 0 when it was told to stop.
 """
@@ -43,7 +43,7 @@ class Stop(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm.ray_keeper")
+    parser = argparse.ArgumentParser(prog="python -m slurm.node.ray_keeper")
     parser.add_argument("--temp-dir", type=Path, required=True)
     parser.add_argument("--logs-to", type=Path, required=True)
     parser.add_argument("--grace-s", type=float, default=GRACE_S)

@@ -1,0 +1,1 @@
+"""`deepdive convert`: DeepDive QA rows into slime's prompt rows."""

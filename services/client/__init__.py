@@ -1,0 +1,1 @@
+"""The outbound HTTP clients: one pooled client per upstream, and the lean one for in-cluster hops."""

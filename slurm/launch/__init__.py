@@ -1,0 +1,1 @@
+"""What runs on the login node: from an experiment to a submitted job, and `deepdive eval`."""

@@ -1,0 +1,1 @@
+"""What runs inside the job on every node: who the node is, its ports, its Ray, its phases."""

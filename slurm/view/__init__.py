@@ -1,0 +1,1 @@
+"""What reads a run's folder for a person: `deepdive status` and `deepdive trajectories`."""

@@ -2,11 +2,12 @@
 undo them:
 
     slurm/      the launcher: may import everything below
+      node/     what runs inside the job on every node: never imports launch/ or view/,
+                the login node's side
     deepdive/   the RL side: never imports slurm
-      the slime side (protocol, convert, rollout, rollout_settings, routing, clients,
-      service_check, sample): runs inside slime's Ray actors on the cluster, so never imports
-      the local backend or the offline world
-      local/    the CPU backend;  offline/  the offline world
+      deepdive/*.py   the slime side: runs inside slime's Ray actors on the cluster, so never
+                      imports the local backend or the offline world
+      local/    the CPU backend;  offline/  the offline world;  convert/  `deepdive convert`
     services/   the HTTP services: import nothing of deepdive but deepdive.protocol, and never
                 name the launcher (not even as a string to run)
       base/     the base library under everything: imports nothing of the servers beside it,
@@ -25,24 +26,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SLIME_SIDE = (
-    "protocol",
-    "convert",
-    "rollout",
-    "rollout_settings",
-    "clients",
-    "service_check",
-    "sample",
-    "top_p",
-    "filters",
-    "routing",
-    "aborts",
-    "rollout_modes",
-    "messages",
-    "tool_errors",
-    "group_rewards",
-    "eval_metrics",
-)
 ENVIRONMENT_MODULE = "slurm/node/environment.py"
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string
 # a module above the base library named in a string (a module to import later)
@@ -83,7 +66,8 @@ def layer_violations(root: Path) -> list[str]:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=relative)
         module = relative.removesuffix(".py").replace("/", ".")
-        slime_side = module in {f"deepdive.{name}" for name in SLIME_SIDE}
+        slime_side = package == "deepdive" and relative.count("/") == 1
+        in_job = _under(module, "slurm.node")
         base = _under(module, "services.base")
         for line, name in _imports(tree):
             where = f"{relative}:{line}"
@@ -97,6 +81,8 @@ def layer_violations(root: Path) -> list[str]:
                 found.append(f"{where}: {package} imports the launcher ({name})")
             if slime_side and (_under(name, "deepdive.local") or _under(name, "deepdive.offline")):
                 found.append(f"{where}: {module} runs inside slime but imports {name}")
+            if in_job and (_under(name, "slurm.launch") or _under(name, "slurm.view")):
+                found.append(f"{where}: {module} runs inside the job but imports {name}")
             above_base = name.startswith("services.") or _under(name, "deepdive")
             above_base = above_base or _under(name, "slurm")
             if base and above_base and not _under(name, "services.base"):
@@ -131,12 +117,16 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "services/base/cli.py": 'TOOLS = "services.tool_server.command"\n',
         "services/base/waiting.py": "from services.base.clock import Clock\nimport services.base\n",
         "services/base/clock.py": "from services import base\n",
+        "deepdive/new_hook.py": "from deepdive.offline.world import World\n",
+        "slurm/node/ports.py": "from slurm.launch.submit import submit\n",
+        "slurm/node/phases.py": "from slurm.view import status\n",
     }
     for name, text in bad.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     found = layer_violations(tmp_path)
     assert sorted({item.split(":", 1)[0] for item in found}) == [
+        "deepdive/new_hook.py",
         "deepdive/protocol.py",
         "deepdive/rollout.py",
         "deepdive/up.py",
@@ -147,13 +137,17 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "services/launch.py",
         "services/tool_server/leak.py",
         "slurm/launch/submit.py",
+        "slurm/node/phases.py",
+        "slurm/node/ports.py",
     ], found
 
 
 def test_the_slime_hooks_load_no_web_framework_and_no_local_backend() -> None:
-    # What a slime Ray actor imports with --custom-generate-function-path: a fresh interpreter.
+    # What a slime Ray actor imports with --custom-generate-function-path: a fresh interpreter,
+    # every module of the slime side (deepdive/*.py) loaded.
+    slime_side = sorted(f"deepdive.{path.stem}" for path in (ROOT / "deepdive").glob("*.py"))
     code = (
-        "import sys, deepdive.rollout\n"
+        f"import sys, {', '.join(slime_side)}\n"
         "heavy = ('starlette', 'prometheus_client', 'uvicorn', 'torch', 'transformers',"
         " 'deepdive.local', 'deepdive.offline', 'slurm')\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"

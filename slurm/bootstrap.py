@@ -386,6 +386,9 @@ class NodeBootstrap:
         )
         logs = self.attempt.node_logs(self.node.node)
         drill = [DRILL_ARGUMENT] if drilled("services", self.node.node) else []
+        # services.proxy reaches the services alone: Ray and the trainer keep the job's own
+        proxy = self.config.services.proxy_environment({**os.environ, **environment})
+        environment = {**environment, **proxy}
         for spec in self.backend.services():
             # a tool server of N workers listens on N ports from its range of the block
             first = ports.service_ports(spec.name, spec.worker_count(self.node.cpus))[0]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from deepdive.local.config import LocalRunConfig, RunSection
 from services.base.errors import ConfigError
@@ -144,6 +145,36 @@ INPUT_FILES = ("corpus",)
 PATHS = ("corpus", "index_cache_dir")
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def check_proxy(proxy: str) -> None:
+    """services.proxy: empty, or http(s)://HOST[:PORT] with no credentials, path or query (a
+    password is named as refused, never shown)."""
+    if not proxy:
+        return
+    parts = urlsplit(proxy)
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            "services.proxy: the URL holds credentials; the experiment file is copied into the "
+            "run folder, so put the whole URL in the env file as "
+            "HTTPS_PROXY=http://USER:PASSWORD@HOST:PORT instead"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    shape = (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and port != -1
+        and parts.path in ("", "/")
+        and not parts.query
+        and not parts.fragment
+    )
+    require(shape, "services.proxy", "http://HOST:PORT (the site's HTTP proxy)", proxy)
+
+
 def check_service_table(service: str, table: ServiceTable) -> None:
     """`[services.SERVICE]` read as the service reads its config file, the files it names
     left to slurm.launch.preflight: a ConfigError naming `services.SERVICE.KEY`."""
@@ -168,7 +199,12 @@ class ServicesTable:
     tool_workers: the tool server's worker processes on each node, each on its own port of the
     node's block; 0 = one per CPU of the node's task, at most 8 (services.serving.workers).
     egress_probe: a tool server on the internet makes one real search and one real read at
-    each node's start, failing the node naming the upstream (slurm/node/egress.py); false: none."""
+    each node's start, failing the node naming the upstream (slurm/node/egress.py); false: none.
+    proxy: the site's HTTP proxy for the services' internet upstreams (search, reader, judge),
+    "http://HOST:PORT": set as their HTTPS_PROXY / HTTP_PROXY (NO_PROXY keeps loopback and the
+    environment's own entries); Ray, the trainer and in-cluster hops never see it. A proxy that
+    wants credentials goes in the env file as HTTPS_PROXY=http://USER:PASSWORD@HOST:PORT: the
+    experiment file is copied into the run folder, so it never holds a password."""
 
     host: str = NODE_ADDRESS
     env_file: str = ""
@@ -176,6 +212,7 @@ class ServicesTable:
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
     tool_workers: int = 0
     egress_probe: bool = True
+    proxy: str = ""
     # the slime backend's servers, each a table of its config file (the local backend serves
     # its own world): e.g. [services.tools] search = "serper", reader = "jina"; an empty
     # table runs the service's defaults (offline search and reader, the rule judge)
@@ -190,8 +227,22 @@ class ServicesTable:
             f"0 (one per CPU of the task) to {TOOL_PORTS} (the ports a node keeps for them)",
             self.tool_workers,
         )
+        check_proxy(self.proxy)
         check_service_table("tools", self.tools)
         check_service_table("reward", self.reward)
+
+    def proxy_environment(self, environment: dict[str, str]) -> dict[str, str]:
+        """What `proxy` adds to the services' environment (`environment`: theirs without it):
+        nothing when unset; else the proxy for https:// and http:// and a NO_PROXY that keeps
+        loopback direct beside whatever NO_PROXY already names."""
+        if not self.proxy:
+            return {}
+        named = f"{environment.get('NO_PROXY', '')},{environment.get('no_proxy', '')}"
+        direct = list(dict.fromkeys(item.strip() for item in named.split(",") if item.strip()))
+        direct += [host for host in LOOPBACK_HOSTS if host not in direct]
+        values = {"HTTPS_PROXY": self.proxy, "HTTP_PROXY": self.proxy, "NO_PROXY": ",".join(direct)}
+        # both spellings: a lower-case one, even empty, wins over the upper-case one (urllib)
+        return {**values, **{name.lower(): value for name, value in values.items()}}
 
 
 @dataclass(frozen=True)

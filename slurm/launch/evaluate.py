@@ -99,6 +99,7 @@ def services(config: ExperimentConfig, logs: Path) -> Iterator[dict[str, list[st
     """The backend's services on loopback (free ports), with the env file's keys, for the
     duration of the evaluation; the rollout here sends the file's service token."""
     secrets = env_file_values(config)
+    secrets = {**secrets, **config.services.proxy_environment({**os.environ, **secrets})}
     with ExitStack() as stack:
         if TOKEN_ENV in secrets and not os.environ.get(TOKEN_ENV):
             os.environ[TOKEN_ENV] = secrets[TOKEN_ENV]  # deepdive.clients reads it

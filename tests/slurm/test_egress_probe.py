@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,14 @@ def upstream(httpserver: HTTPServer) -> str:
 @pytest.fixture
 def refusing_proxy() -> Iterator[ForwardProxy]:
     """A site's proxy that wants credentials the node does not have (407, HTTP or CONNECT)."""
+    with serving(ForwardProxy({}, auth=("agent", "the-right-password"))) as proxy:
+        yield proxy
+
+
+@contextmanager
+def serving(proxy: ForwardProxy) -> Iterator[ForwardProxy]:
+    """`proxy` listening on loopback from a loop of its own, for the test's duration."""
     loop = asyncio.new_event_loop()
-    proxy = ForwardProxy({}, auth=("agent", "the-right-password"))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10)
@@ -378,3 +385,55 @@ def test_the_offline_world_is_not_probed(tmp_path: Path, corpus_file: Path) -> N
     probes = services_phase(node_bootstrap(tmp_path, "424253", tools))
     assert [line["event"] for line in probes] == ["skipped"]
     assert "the offline world" in probes[0]["reason"]
+
+
+@pytest.fixture
+def routing_proxy(httpserver: HTTPServer) -> Iterator[ForwardProxy]:
+    """A site's proxy, the only way to `serper.invalid` (the test's upstream on loopback)."""
+    with serving(ForwardProxy({"serper.invalid": ("127.0.0.1", httpserver.port)})) as proxy:
+        yield proxy
+
+
+def behind_the_proxy(httpserver: HTTPServer) -> str:
+    """Serper and Jina as `serper.invalid`, a name only the proxy resolves: a request that
+    arrives came through it."""
+    httpserver.expect_request("/search", method="POST").respond_with_json(SERPER_BODY)
+    httpserver.expect_request(f"/{RESULT_URL}").respond_with_data(
+        json.dumps(JINA_BODY), content_type="application/json"
+    )
+    port = httpserver.port
+    base = f"http://serper.invalid:{port}"
+    retry = "retry={max_attempts=1}"
+    return (
+        f'{{search="serper", reader="jina", serper={{base_url="{base}", {retry}}}, '
+        f'jina={{base_url="{base}", {retry}}}}}'
+    )
+
+
+def test_the_services_proxy_key_carries_the_nodes_searches(
+    tmp_path: Path, httpserver: HTTPServer, routing_proxy: ForwardProxy
+) -> None:
+    """services.proxy reaches the services (the probe's search and read go through it) with
+    nothing of the host's own proxy settings."""
+    tools = behind_the_proxy(httpserver)
+    proxy = f'services.proxy="{routing_proxy.url}"'
+    probes = services_phase(node_bootstrap(tmp_path, "424254", tools, proxy))
+    assert [line["event"] for line in probes] == ["passed"], probes
+    port = httpserver.port
+    assert routing_proxy.seen == [f"serper.invalid:{port}", f"serper.invalid:{port}"]
+
+
+def test_a_services_proxy_that_is_gone_fails_the_node_naming_it(
+    tmp_path: Path, httpserver: HTTPServer
+) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    bootstrap = node_bootstrap(
+        tmp_path, "424255", behind_the_proxy(httpserver), f'services.proxy="{gone}"'
+    )
+    with pytest.raises(NodeFailed) as failure:
+        services_phase(bootstrap)
+    assert f"through the proxy {gone} (HTTPS_PROXY)" in str(failure.value)
+    assert "could not connect to the proxy" in str(failure.value)
+    assert httpserver.log == []

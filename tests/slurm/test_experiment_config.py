@@ -290,3 +290,36 @@ def test_a_config_naming_an_image_loads_where_the_image_is_not(tmp_path: Path) -
     not bound (the 2-host container test met it: every containerised local run failed so)."""
     config = load_experiment(write(tmp_path, '[container]\nimage = "/nowhere/x.sif"\n'))
     assert config.container.image == "/nowhere/x.sif"
+
+
+def test_the_services_proxy_is_a_host_and_port_never_a_password(tmp_path: Path) -> None:
+    config = SHIPPED
+    good = load_experiment(config, ['services.proxy="http://proxy.site.example:3128"'])
+    assert good.services.proxy == "http://proxy.site.example:3128"
+    secret = write(
+        tmp_path, '[services]\nproxy = "http://agent:s3cret-pw@proxy.site.example:3128"\n'
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_experiment(secret)
+    assert "services.proxy" in str(refused.value) and "env file" in str(refused.value)
+    assert "s3cret-pw" not in str(refused.value)
+    for bad in (
+        "proxy.site.example:3128",
+        "socks5://proxy:1080",
+        "http://proxy:3128/path",
+        "http://:80",
+    ):
+        with pytest.raises(ConfigError, match=r"services\.proxy"):
+            load_experiment(config, [f'services.proxy="{bad}"'])
+
+
+def test_the_services_proxy_keeps_loopback_and_the_sites_own_no_proxy_direct() -> None:
+    services = load_experiment(SHIPPED, ['services.proxy="http://proxy:3128"']).services
+    added = services.proxy_environment(
+        {"NO_PROXY": ".cluster.internal, 10.0.0.0/8", "no_proxy": ""}
+    )
+    assert added["HTTPS_PROXY"] == added["https_proxy"] == "http://proxy:3128"
+    assert added["HTTP_PROXY"] == added["http_proxy"] == "http://proxy:3128"
+    assert added["NO_PROXY"] == added["no_proxy"]
+    assert added["NO_PROXY"] == ".cluster.internal,10.0.0.0/8,localhost,127.0.0.1,::1"
+    assert load_experiment(SHIPPED, []).services.proxy_environment({}) == {}

@@ -374,7 +374,9 @@ class _Supervisor:
 
     def _restart_due(self, now: float) -> None:
         if self.pings:  # a fork now would copy a ping's socket into the new worker: wait for
-            return  # its thread to end (milliseconds; at most ping_timeout_s), no ping starts
+            return  # its thread to end (milliseconds; a connect and a read of ping_timeout_s
+            # each at worst, and a frozen worker's ping has already waited them out when it is
+            # killed); no ping starts meanwhile
         for index, due in list(self.restart_at.items()):
             if now >= due:
                 del self.restart_at[index]

@@ -26,13 +26,22 @@ The supervisor
   them, they are in its process group, and a second SIGINT makes uvicorn cut its graceful
   shutdown short), waits for them, then ends as one server does: by the same signal.
 Workers die with the supervisor, even when it is killed (PR_SET_PDEATHSIG).
+
+The ping is the standard library's `http.client`, one blocking request per ping in a small
+thread pool (a thread per worker, reused; one ping in flight per worker), its end waking the
+selector through a socket pair. Not the lean client (services/client/plain_http.py): it is
+asyncio, and the supervisor would need an event loop in a thread beside its selector loop for
+one tiny request a second; not a hand-written one: http.client parses the reply. Deadlines
+stay on the supervisor's clock (a ping past its deadline is a miss there and then; its thread
+ends by its socket timeout). No worker is forked while a ping's thread runs, so a new worker
+never inherits a ping's socket: a restart waits for the pings in flight (milliseconds).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import gc
+import http.client
 import logging
 import multiprocessing
 import os
@@ -41,6 +50,8 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
@@ -59,7 +70,6 @@ logger = logging.getLogger("deepdive.workers")
 MAX_DEFAULT_WORKERS = 8
 STOP_TIMEOUT_S = 20.0  # uvicorn's graceful shutdown takes up to 10 s; then SIGKILL
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_HEALTH_REQUEST = b"GET /health HTTP/1.1\r\nHost: supervisor\r\nConnection: close\r\n\r\n"
 
 
 class WorkerSlot:
@@ -161,42 +171,33 @@ def supervise(
         signal.raise_signal(supervisor.received[0])  # as one uvicorn server ends: by its signal
 
 
-class _HealthPing:
-    """One GET /health to a worker's own port, driven by the supervisor's selector."""
+def ping_health(address: tuple[str, int], timeout_s: float) -> bool:
+    """One GET /health on a fresh connection: True only for a 200 read whole in time (a
+    refusal, a timeout, another status or a reply that is not HTTP is a miss). Runs in the
+    supervisor's ping threads; `timeout_s` bounds each wait on the socket, so a thread given
+    up on (its deadline passed on the supervisor's clock) ends by itself soon after."""
+    host, port = address
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request("GET", "/health", headers={"Connection": "close"})
+        response = connection.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+    return response.status == 200
 
-    def __init__(self, address: tuple[str, int], family: int, deadline: float) -> None:
-        self.deadline = deadline
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setblocking(False)
-        self.sent = False
-        self.reply = b""
-        self.error = self.sock.connect_ex(address)
 
-    @property
-    def events(self) -> int:
-        return selectors.EVENT_READ if self.sent else selectors.EVENT_WRITE
+@dataclass
+class _Ping:
+    """A ping whose thread still runs. `counts` turns False once its outcome no longer matters
+    (its deadline passed and was counted a miss, its worker ended, the server is stopping); it
+    is kept until the thread ends all the same, since no worker is forked while one runs."""
 
-    def ready(self) -> bool | None:
-        """Progress on readiness: True (answered 200), False (failed), None (not yet)."""
-        try:
-            if not self.sent:
-                error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if error:
-                    return False
-                self.sock.send(_HEALTH_REQUEST)  # far below a socket buffer: sent whole
-                self.sent = True
-                return None
-            chunk = self.sock.recv(256)
-        except OSError:
-            return False
-        self.reply += chunk
-        if b"\r\n" in self.reply or not chunk:
-            status = self.reply.split(b"\r\n", 1)[0].split(b" ")
-            return len(status) > 1 and status[0].startswith(b"HTTP/1.") and status[1] == b"200"
-        return None
-
-    def close(self) -> None:
-        self.sock.close()
+    future: Future[bool]
+    deadline: float
+    counts: bool = True
 
 
 def _ping_address(sock: socket.socket) -> tuple[str, int]:
@@ -228,7 +229,13 @@ class _Supervisor:
         self.workers: list[BaseProcess | None] = [None] * count
         self.restarts = [0] * count
         self.liveness: list[Liveness | None] = [None] * count
-        self.pings: dict[int, _HealthPing] = {}
+        self.pings: dict[int, _Ping] = {}  # index -> its ping whose thread still runs
+        self.ping_pool = ThreadPoolExecutor(count, thread_name_prefix=f"{title} ping")
+        # a finished ping writes a byte here, which wakes the selector to collect it
+        self.wake_read, self.wake_write = socket.socketpair()
+        self.wake_read.setblocking(False)
+        self.wake_write.setblocking(False)
+        self.selector.register(self.wake_read, selectors.EVENT_READ, ("pinged", -1))
         self.ready_pipes: dict[int, int] = {}  # index -> the read end its worker writes to
         self.restart_at: dict[int, float] = {}
         self.frozen: dict[int, str] = {}  # index -> why it was killed
@@ -255,7 +262,8 @@ class _Supervisor:
         self.ready_pipes[index] = ready_read
         inherited = [
             self.selector.fileno(),
-            *(ping.sock.fileno() for ping in self.pings.values()),
+            self.wake_read.fileno(),
+            self.wake_write.fileno(),
             *self.ready_pipes.values(),
         ]
         slot = WorkerSlot(index, self.restarts[index], ready_write)
@@ -288,7 +296,7 @@ class _Supervisor:
                     self.stop_all(kill=True)
             else:
                 self._restart_due(now)
-                self._ping_due()
+                self._ping_due(now)
             for key, _ in self.selector.select(self._wait_s(now)):
                 if self.selector.get_map().get(key.fileobj) is not key:
                     continue  # dropped by an event handled before it (its worker ended)
@@ -298,13 +306,15 @@ class _Supervisor:
                 elif kind == "ready":
                     self._ready(index)
                 else:
-                    self._ping_progress(index)
+                    self._collect_pings()
             if not self.stopping:
                 self._expire_pings()
 
     def _wait_s(self, now: float) -> float:
         """Until the next thing to do, at most a second (a stop asked for by a signal is seen)."""
-        moments = [*self.restart_at.values(), *(p.deadline for p in self.pings.values())]
+        # while a ping runs no restart starts (`_restart_due`), and its end wakes the selector
+        moments = [] if self.pings else [*self.restart_at.values()]
+        moments += [ping.deadline for ping in self.pings.values() if ping.counts]
         for index, live in enumerate(self.liveness):
             if live is not None and index not in self.pings:
                 moments.append(live.next_ping)
@@ -363,6 +373,10 @@ class _Supervisor:
         )
 
     def _restart_due(self, now: float) -> None:
+        if self.pings:  # a fork now would copy a ping's socket into the new worker: wait for
+            return  # its thread to end (milliseconds; a connect and a read of ping_timeout_s
+            # each at worst, and a frozen worker's ping has already waited them out when it is
+            # killed); no ping starts meanwhile
         for index, due in list(self.restart_at.items()):
             if now >= due:
                 del self.restart_at[index]
@@ -379,33 +393,40 @@ class _Supervisor:
                     restarts=self.restarts[index],
                 )
 
-    def _ping_due(self) -> None:
+    def _ping_due(self, now: float) -> None:
+        if any(now >= due for due in self.restart_at.values()):
+            return  # a restart waits for the pings in flight to end: start none meanwhile
         for index, live in enumerate(self.liveness):
             if live is None or index in self.pings or not live.due():
                 continue
-            sock = self.sockets[index]
-            ping = _HealthPing(_ping_address(sock), sock.family, live.ping_sent())
-            if ping.error not in (0, errno.EINPROGRESS):
-                ping.close()
-                self._pinged(index, answered=False)
-                continue
-            self.pings[index] = ping
-            self.selector.register(ping.sock, ping.events, ("ping", index))
+            deadline = live.ping_sent()
+            address = _ping_address(self.sockets[index])
+            future = self.ping_pool.submit(ping_health, address, self.policy.ping_timeout_s)
+            self.pings[index] = _Ping(future, deadline)
+            future.add_done_callback(self._wake)
 
-    def _ping_progress(self, index: int) -> None:
-        ping = self.pings[index]
-        outcome = ping.ready()
-        if outcome is None:
-            self.selector.modify(ping.sock, ping.events, ("ping", index))
-            return
-        self._drop_ping(index)
-        self._pinged(index, outcome)
+    def _wake(self, future: Future[bool]) -> None:
+        """In the ping's thread: wake the selector (a full buffer is already a wake-up; after
+        `close` the socket refuses, and nobody is waiting)."""
+        with contextlib.suppress(OSError):
+            self.wake_write.send(b"\0")
+
+    def _collect_pings(self) -> None:
+        with contextlib.suppress(OSError):
+            while self.wake_read.recv(4096):
+                pass
+        for index, ping in list(self.pings.items()):
+            if ping.future.done():
+                del self.pings[index]
+                if ping.counts and not self.stopping:  # an error ping_health let through: a miss
+                    failed = ping.future.exception() is not None
+                    self._pinged(index, answered=not failed and ping.future.result())
 
     def _expire_pings(self) -> None:
         now = self.clock()
-        for index, ping in list(self.pings.items()):
-            if now >= ping.deadline:
-                self._drop_ping(index)
+        for index, ping in self.pings.items():
+            if ping.counts and now >= ping.deadline:
+                ping.counts = False
                 self._pinged(index, answered=False)
 
     def _pinged(self, index: int, answered: bool) -> None:
@@ -429,13 +450,12 @@ class _Supervisor:
         _kill(worker.pid, signal.SIGKILL)  # its sentinel then restarts it as any death
 
     def _drop_ping(self, index: int) -> None:
-        ping = self.pings.pop(index, None)
+        ping = self.pings.get(index)
         if ping is not None:
-            self.selector.unregister(ping.sock)
-            ping.close()
+            ping.counts = False  # its thread ends within ping_timeout_s; its outcome is ignored
 
     def _drop_pings(self) -> None:
-        for index in list(self.pings):
+        for index in self.pings:
             self._drop_ping(index)
 
     def on_signal(self, number: int, frame: FrameType | None) -> None:
@@ -449,6 +469,11 @@ class _Supervisor:
 
     def close(self) -> None:
         self._drop_pings()
+        self.ping_pool.shutdown(wait=False, cancel_futures=True)  # a ping in flight ends by
+        # its socket timeout; the process's exit waits for it (at most ping_timeout_s)
+        self.selector.unregister(self.wake_read)
+        self.wake_read.close()
+        self.wake_write.close()
         for index in list(self.ready_pipes):
             self._drop_ready_pipe(index)
         self.selector.close()

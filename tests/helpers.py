@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import ipaddress
+import json
 import math
 import os
 import re
@@ -26,6 +27,7 @@ from deepdive.local.checkpoint import newest_step
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample
 from fakes.sglang import ByteTokenizer
+from services.base.secrets import PROXY_ENVS
 from services.reward_server.app import create_app as create_reward_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator
@@ -37,6 +39,7 @@ from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
 from slurm.config import ExperimentConfig, load_experiment
+from slurm.node.egress import PROBE_QUERY
 
 DEEPDIVE = [sys.executable, "-m", "slurm.cli"]
 
@@ -334,6 +337,44 @@ def on_loopback(address: str) -> bool:
     parsed = ipaddress.ip_address(address)
     mapped = parsed.ipv4_mapped if isinstance(parsed, ipaddress.IPv6Address) else None
     return parsed.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+# -- Serper and Jina as fakes on loopback (pytest-httpserver): what the egress probe reaches ---
+
+SERPER_KEY = "serper-key-never-shown-0123"
+RESULT_URL = "https://site.example/orrery"
+SERPER_BODY = {
+    "searchParameters": {"q": PROBE_QUERY},
+    "organic": [{"title": "Orrery", "link": RESULT_URL, "snippet": "A model"}],
+}
+JINA_BODY = {"code": 200, "data": {"title": "Orrery", "url": RESULT_URL, "content": "A model."}}
+ONE_TRY = {"max_attempts": 1}
+
+
+def internet_tools(serper_url: str, jina_url: str) -> dict[str, Any]:
+    """`[services.tools]` searching with Serper and reading with Jina at these addresses, one
+    try each (a refusal is reported at once, not after the default retries)."""
+    return {
+        "search": "serper",
+        "reader": "jina",
+        "serper": {"base_url": serper_url, "retry": ONE_TRY, "connect_timeout_s": 5},
+        "jina": {"base_url": jina_url, "retry": ONE_TRY, "connect_timeout_s": 5},
+    }
+
+
+def answer_search_and_read(server: HTTPServer) -> None:
+    """`server` as Serper (one result) and as Jina (that result's page)."""
+    server.expect_request("/search", method="POST").respond_with_json(SERPER_BODY)
+    server.expect_request(f"/{RESULT_URL}").respond_with_data(
+        json.dumps(JINA_BODY), content_type="application/json"
+    )
+
+
+def clean_environment(proxy: str = "") -> dict[str, str]:
+    """The tool server's environment: the key, and the test's proxy in every spelling, this
+    host's own settings overridden (an empty lower-case one unsets an upper-case one)."""
+    spellings = {**dict.fromkeys(PROXY_ENVS, proxy), "NO_PROXY": "", "no_proxy": ""}
+    return {**spellings, "SERPER_API_KEY": SERPER_KEY}
 
 
 # -- the slime recipe over placeholder files (configs/deepdive-qwen.toml needs a model folder,

@@ -3,7 +3,8 @@ work on a cluster's GPU nodes, in the training image, before a training job is w
 submitting, checked in order and each step failing loudly with what it checked:
 
     1 image   the image as a normal user: driver, GPUs Slurm gave = GPUs torch sees, the
-              import closure of slime's training path and our hooks, files readable
+              import closure of slime's training path and our hooks, files readable; a
+              real search from the node through the experiment's tool server
     2 nccl    NCCL all-reduce on one node's GPUs and across nodes (bus bandwidth, the
               transport in NCCL's log), gloo over the chosen interface
     3 ray     the project's bootstrap on every node: Ray sees each node's GPUs and

@@ -12,7 +12,14 @@
 - the user: not root (Apptainer runs the job as the submitting user, so a check as root
   proves nothing about what that user can read);
 - the files: slime, Megatron-LM and our package readable by any user, every folder above
-  them traversable (slime's own image keeps them in /root, which a normal user cannot enter).
+  them traversable (slime's own image keeps them in /root, which a normal user cannot enter);
+- a real search: one search and one read from this node through a tool server of the
+  experiment's [services.tools], its keys and its proxy (slurm/smoke/search.py); skipped for
+  the offline world.
+
+The search is a check of this step, not a step of its own: like the others here it needs no
+GPU and takes seconds on every node, and a step's checks all run, so a refused key is reported
+beside a missing GPU in the same run instead of behind the first failed step.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from slurm.node.environment import CpuGrant, GpuGrant, cpus_given, gpus_given
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import NoDriver, nvidia_smi, torch_gpus
 from slurm.smoke.report import Check, failed, passed
+from slurm.smoke.search import search_check
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,7 @@ def run(context: SmokeContext) -> list[Check]:
     slime = context.config.slime
     roots = [Path("/opt"), Path(slime.slime_root), *map(Path, slime.python_path)]
     checks.append(readable_check(roots, package_folders(READ_PACKAGES)))
+    checks.append(search_check(context))
     return checks
 
 

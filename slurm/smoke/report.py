@@ -1,7 +1,10 @@
-"""What a step found: named checks, each ok or failed with why, and the lines that say so.
+"""What a step found: named checks, each ok, failed or skipped with why, and the lines that
+say so.
 
-A step's verdict is the conjunction of its checks and it must have at least one: a step that
-checked nothing has not passed. One that raised is a failure carrying its message.
+A step's verdict is the conjunction of its checks and it must have at least one that was not
+skipped: a step that checked nothing has not passed. One that raised is a failure carrying its
+message. A skipped check (nothing to check here: the offline world has no upstream to search)
+fails nothing and is never shown as "ok".
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ class Check:
     name: str
     ok: bool
     detail: str
+    skipped: bool = False
 
     def line(self) -> str:
-        return f"[{'ok' if self.ok else 'FAILED'}] {self.name}: {self.detail}"
+        tag = "skipped" if self.skipped else "ok" if self.ok else "FAILED"
+        return f"[{tag}] {self.name}: {self.detail}"
 
 
 def failed(name: str, detail: str) -> Check:
@@ -26,6 +31,10 @@ def failed(name: str, detail: str) -> Check:
 
 def passed(name: str, detail: str) -> Check:
     return Check(name, True, detail)
+
+
+def skipped(name: str, why: str) -> Check:
+    return Check(name, True, why, skipped=True)
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,8 @@ class StepResult:
 
     @property
     def ok(self) -> bool:
-        return self.ran and self.error is None and bool(self.checks) and all(self.checks_ok())
+        checked = any(not check.skipped for check in self.checks)
+        return self.ran and self.error is None and checked and all(self.checks_ok())
 
     def checks_ok(self) -> list[bool]:
         return [check.ok for check in self.checks]
@@ -53,7 +63,7 @@ class StepResult:
             return "not run"
         if self.error is not None:
             return self.error
-        if not self.checks:
+        if all(check.skipped for check in self.checks):
             return "checked nothing"
         bad = [check for check in self.checks if not check.ok]
         if not bad:
@@ -65,7 +75,7 @@ class StepResult:
         found = [f"{prefix}{check.line()}" for check in self.checks]
         if self.error is not None:
             found.append(f"{prefix}[FAILED] the step raised: {self.error}")
-        elif self.ran and not self.checks:
+        elif self.ran and all(check.skipped for check in self.checks):
             found.append(f"{prefix}[FAILED] the step checked nothing")
         return found
 

@@ -35,7 +35,7 @@ STEPS = (
         1,
         "image",
         "the image as a normal user: driver, GPUs Slurm gave = GPUs torch sees, "
-        "slime's import closure and our hooks, files readable",
+        "slime's import closure and our hooks, files readable, a real search",
         "about 30 s",
         300,
         "every node",

@@ -24,7 +24,6 @@ from pytest_httpserver import HTTPServer
 
 from fakes.forward_proxy import ForwardProxy
 from services.base.process import ServiceProcess
-from services.base.secrets import PROXY_ENVS
 from services.tool_server.config import ToolServerConfig
 from slurm.backends import ServiceSpec
 from slurm.bootstrap import NodeBootstrap
@@ -41,34 +40,18 @@ from slurm.node.environment import NodeInfo
 from slurm.node.phases import NodeFailed, read_phases
 from slurm.node.ports import plan_node_ports
 from slurm.run_folder import read_json
+from tests.helpers import (
+    RESULT_URL,
+    SERPER_BODY,
+    SERPER_KEY,
+    answer_search_and_read,
+    clean_environment,
+    internet_tools,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-SERPER_KEY = "serper-key-never-shown-0123"
 PROXY_PASSWORD = "pr0xy-pa55word-never-shown"
-RESULT_URL = "https://site.example/orrery"
-SERPER_BODY = {
-    "searchParameters": {"q": PROBE_QUERY},
-    "organic": [{"title": "Orrery", "link": RESULT_URL, "snippet": "A model"}],
-}
-JINA_BODY = {"code": 200, "data": {"title": "Orrery", "url": RESULT_URL, "content": "A model."}}
-ONE_TRY = {"max_attempts": 1}
 INTERNET = Upstreams("serper", "jina")
-
-
-def tools_table(serper_url: str, jina_url: str) -> dict[str, Any]:
-    return {
-        "search": "serper",
-        "reader": "jina",
-        "serper": {"base_url": serper_url, "retry": ONE_TRY, "connect_timeout_s": 5},
-        "jina": {"base_url": jina_url, "retry": ONE_TRY, "connect_timeout_s": 5},
-    }
-
-
-def clean_environment(proxy: str = "") -> dict[str, str]:
-    """The tool server's environment: the key, and the test's proxy in every spelling, this
-    host's own settings overridden (an empty lower-case one unsets an upper-case one)."""
-    spellings = {**dict.fromkeys(PROXY_ENVS, proxy), "NO_PROXY": "", "no_proxy": ""}
-    return {**spellings, "SERPER_API_KEY": SERPER_KEY}
 
 
 def start_tools(folder: Path, table: dict[str, Any], environment: dict[str, str]) -> ServiceProcess:
@@ -128,11 +111,8 @@ def test_the_offline_world_is_what_the_tool_server_runs_by_default() -> None:
 def test_a_search_and_a_read_that_answer_pass(
     tmp_path: Path, httpserver: HTTPServer, upstream: str
 ) -> None:
-    httpserver.expect_request("/search", method="POST").respond_with_json(SERPER_BODY)
-    httpserver.expect_request(f"/{RESULT_URL}").respond_with_data(
-        json.dumps(JINA_BODY), content_type="application/json"
-    )
-    result = probe(tmp_path, tools_table(upstream, upstream), clean_environment())
+    answer_search_and_read(httpserver)
+    result = probe(tmp_path, internet_tools(upstream, upstream), clean_environment())
     assert (result.search, result.reader, result.read, result.note) == (
         "serper",
         "jina",
@@ -156,7 +136,7 @@ def test_a_search_without_results_reads_the_fallback_and_an_unshown_page_still_p
     httpserver.expect_request(f"/{FALLBACK_URL}").respond_with_data(
         json.dumps(empty), content_type="application/json"
     )
-    result = probe(tmp_path, tools_table(upstream, upstream), clean_environment())
+    result = probe(tmp_path, internet_tools(upstream, upstream), clean_environment())
     assert result.read == FALLBACK_URL
     assert result.note == "the page was fetched but not shown: jina: the page has no readable text"
     assert [request.path for request, _ in httpserver.log] == ["/search", f"/{FALLBACK_URL}"]
@@ -169,7 +149,7 @@ def test_a_key_serper_refuses_fails_naming_serper_and_401(
         {"message": f"Unauthorized: {SERPER_KEY}", "statusCode": 401}, status=401
     )
     with pytest.raises(EgressFailed) as failure:
-        probe(tmp_path, tools_table(upstream, upstream), clean_environment())
+        probe(tmp_path, internet_tools(upstream, upstream), clean_environment())
     message = failure.value.message
     assert "search through serper failed" in message
     assert "serper: HTTP 401: key missing, invalid or not allowed; check SERPER_API_KEY" in message
@@ -179,8 +159,9 @@ def test_a_key_serper_refuses_fails_naming_serper_and_401(
 def test_a_proxy_that_is_gone_fails_naming_the_proxy(tmp_path: Path) -> None:
     gone = "http://127.0.0.1:9"  # nothing listens on the discard port
     environment = clean_environment(gone)
+    table = internet_tools("https://serper.invalid", "https://jina.invalid")
     with pytest.raises(EgressFailed) as failure:
-        probe(tmp_path, tools_table("https://serper.invalid", "https://jina.invalid"), environment)
+        probe(tmp_path, table, environment)
     message = failure.value.message
     assert "serper: could not connect to the proxy (HTTPS_PROXY): connection refused" in message
     assert f"through the proxy {gone} (HTTPS_PROXY)" in message
@@ -192,7 +173,7 @@ def test_a_proxy_that_refuses_fails_naming_the_proxy_and_never_its_password(
 ) -> None:
     url = refusing_proxy.url.replace("http://", f"http://agent:{PROXY_PASSWORD}@")
     environment = clean_environment(url)
-    table = tools_table(f"{scheme}://serper.invalid", f"{scheme}://jina.invalid")
+    table = internet_tools(f"{scheme}://serper.invalid", f"{scheme}://jina.invalid")
     with pytest.raises(EgressFailed) as failure:
         probe(tmp_path, table, environment)
     message = failure.value.message
@@ -207,7 +188,7 @@ def test_a_proxy_that_refuses_fails_naming_the_proxy_and_never_its_password(
 
 
 def test_a_name_that_does_not_resolve_fails_naming_dns(tmp_path: Path) -> None:
-    table = tools_table("https://google.serper.invalid", "https://r.jina.invalid")
+    table = internet_tools("https://google.serper.invalid", "https://r.jina.invalid")
     with pytest.raises(EgressFailed) as failure:
         probe(tmp_path, table, clean_environment())
     assert (
@@ -221,7 +202,7 @@ def test_a_read_that_fails_fails_naming_the_reader(
 ) -> None:
     """The search answers, the reader is a closed port: the read names jina."""
     httpserver.expect_request("/search", method="POST").respond_with_json(SERPER_BODY)
-    table = tools_table(upstream, "http://127.0.0.1:9")
+    table = internet_tools(upstream, "http://127.0.0.1:9")
     with pytest.raises(EgressFailed) as failure:
         probe(tmp_path, table, clean_environment())
     assert "the egress probe's read through jina failed" in failure.value.message
@@ -232,7 +213,7 @@ def test_an_upstream_that_never_answers_fails_naming_the_timeout(tmp_path: Path)
     """A socket that listens but is never read: the connect succeeds, the reply never comes."""
     with socket.create_server(("127.0.0.1", 0)) as silent:
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        table = tools_table(url, url)
+        table = internet_tools(url, url)
         table["serper"]["read_timeout_s"] = 1
         with pytest.raises(EgressFailed) as failure:
             probe(tmp_path, table, clean_environment())
@@ -259,7 +240,7 @@ def test_a_certificate_the_node_does_not_trust_fails_naming_tls(tmp_path: Path) 
     try:
         url = server.url_for("").rstrip("/")
         with pytest.raises(EgressFailed) as failure:
-            probe(tmp_path, tools_table(url, url), clean_environment())
+            probe(tmp_path, internet_tools(url, url), clean_environment())
     finally:
         server.stop()
     assert "serper: could not connect (the TLS certificate was refused)" in failure.value.message
@@ -397,10 +378,7 @@ def routing_proxy(httpserver: HTTPServer) -> Iterator[ForwardProxy]:
 def behind_the_proxy(httpserver: HTTPServer) -> str:
     """Serper and Jina as `serper.invalid`, a name only the proxy resolves: a request that
     arrives came through it."""
-    httpserver.expect_request("/search", method="POST").respond_with_json(SERPER_BODY)
-    httpserver.expect_request(f"/{RESULT_URL}").respond_with_data(
-        json.dumps(JINA_BODY), content_type="application/json"
-    )
+    answer_search_and_read(httpserver)
     port = httpserver.port
     base = f"http://serper.invalid:{port}"
     retry = "retry={max_attempts=1}"

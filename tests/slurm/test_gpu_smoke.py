@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,12 +16,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+from pytest_httpserver import HTTPServer
 
 from services.base.errors import ConfigError
-from slurm.config import ExperimentConfig
+from slurm.config import ExperimentConfig, ServicesTable
 from slurm.node.environment import CpuGrant, GpuGrant, gpus_given
 from slurm.smoke.context import SmokeContext, here
 from slurm.smoke.image import (
@@ -35,8 +38,19 @@ from slurm.smoke.image import (
 )
 from slurm.smoke.report import Check, StepResult
 from slurm.smoke.runner import gather, run_node
+from slurm.smoke.search import search_check
 from slurm.smoke.steps import STEPS, Step, plan, select
-from tests.helpers import DEEPDIVE, TINY_JOB, slime_recipe, submitted_job_id
+from tests.helpers import (
+    DEEPDIVE,
+    RESULT_URL,
+    SERPER_KEY,
+    TINY_JOB,
+    answer_search_and_read,
+    clean_environment,
+    internet_tools,
+    slime_recipe,
+    submitted_job_id,
+)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HERE = "tests.slurm.test_gpu_smoke"
@@ -204,6 +218,62 @@ def test_an_unreadable_file_or_an_untraversable_folder_is_named(open_folder: Pat
     assert "does not exist" in readable_check([tmp_path / "missing"], []).detail
 
 
+def searching(tmp_path: Path, tools: dict[str, Any], probe: bool = True) -> SmokeContext:
+    """A context whose experiment searches with `tools`, its keys in an env file (with the
+    proxy variables emptied: this host's own settings never reach the fakes)."""
+    env = tmp_path / "keys.env"
+    env.write_text("".join(f"{key}={value}\n" for key, value in clean_environment().items()))
+    env.chmod(0o600)
+    services = ServicesTable(env_file=str(env), tools=tools, egress_probe=probe)
+    return here(dataclasses.replace(ExperimentConfig(), services=services), tmp_path / "kit")
+
+
+def test_a_real_search_from_the_node_passes_naming_the_providers_and_the_time(
+    tmp_path: Path, httpserver: HTTPServer
+) -> None:
+    answer_search_and_read(httpserver)
+    url = httpserver.url_for("").rstrip("/")
+    check = search_check(searching(tmp_path, internet_tools(url, url)))
+    assert check.ok and not check.skipped, check.detail
+    assert re.fullmatch(
+        r"serper and jina answered this node in \d+\.\d\d s \(read result 1, no proxy set\)",
+        check.detail,
+    )
+    # one search and one read, through a tool server that had the env file's key
+    assert [request.path for request, _ in httpserver.log] == ["/search", f"/{RESULT_URL}"]
+    assert httpserver.log[0][0].headers["X-API-KEY"] == SERPER_KEY
+
+
+def test_a_key_serper_refuses_fails_the_search_naming_serper_and_401_never_the_key(
+    tmp_path: Path, httpserver: HTTPServer
+) -> None:
+    httpserver.expect_request("/search", method="POST").respond_with_json(
+        {"message": f"Unauthorized: {SERPER_KEY}", "statusCode": 401}, status=401
+    )
+    url = httpserver.url_for("").rstrip("/")
+    check = search_check(searching(tmp_path, internet_tools(url, url)))
+    assert not check.ok and check.name == "search"
+    assert "the egress probe's search through serper failed (no proxy set)" in check.detail
+    assert "serper: HTTP 401" in check.detail and SERPER_KEY not in check.detail
+    assert check.line().startswith("[FAILED] search: ")
+
+
+def test_the_offline_world_or_no_probe_skips_the_search_and_a_skip_is_no_pass(
+    tmp_path: Path, httpserver: HTTPServer
+) -> None:
+    offline = search_check(context(tmp_path))  # the default [services.tools]: offline
+    assert offline.skipped and offline.ok  # fails nothing
+    assert offline.line().startswith("[skipped] search: the offline world")
+    url = httpserver.url_for("").rstrip("/")
+    off = search_check(searching(tmp_path, internet_tools(url, url), probe=False))
+    assert off.skipped and off.detail == "services.egress_probe = false"
+    assert httpserver.log == []  # nothing was asked of the upstream
+    # a step whose checks were all skipped checked nothing
+    assert not StepResult(1, "image", 0, 1.0, [offline]).ok
+    assert StepResult(1, "image", 0, 1.0, [offline]).why() == "checked nothing"
+    assert StepResult(1, "image", 0, 1.0, [offline, Check("user", True, "uid 1")]).ok
+
+
 def test_a_missing_module_or_function_fails_naming_it() -> None:
     checks = import_checks(
         (
@@ -225,6 +295,7 @@ def test_step_one_here_fails_naming_no_gpu_and_the_missing_slime(tmp_path: Path)
     assert "[FAILED] import slime.ray.placement_group.create_placement_groups: " in out
     assert "No module named 'slime'" in out
     assert "[FAILED] step 1 image" in out
+    assert "[skipped] search: the offline world" in out  # the default experiment's tools
     assert "gpu-smoke: FAILED: step(s) 1 image (GPUs: no GPU" in out
     assert "[ok] step" not in out
     report = orjson.loads((tmp_path / "kit" / "report.json").read_bytes())

@@ -52,9 +52,9 @@ import submitit
 
 from deepdive.save_timing import SAVE_TIMING_ENV
 from services.base.errors import DeepDiveError
-from services.base.logs import configure_logging, log_event, register_secret
+from services.base.logs import configure_logging, log_event
 from services.base.process import ServiceProcess, child_preexec, terminate
-from services.base.secrets import TOKEN_ENV, load_env_file
+from services.base.secrets import TOKEN_ENV, load_secrets
 from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, ServiceSpec, build_backend
@@ -657,12 +657,7 @@ class NodeBootstrap:
     def _secrets(self) -> dict[str, str]:
         """The env file's values (read here, on the node), registered for redaction; they reach
         the children through their environment only."""
-        path = self.config.services.env_file
-        values = load_env_file(path) if path else {}
-        for value in values.values():
-            register_secret(value)
-        register_secret(os.environ.get(TOKEN_ENV))
-        return values
+        return load_secrets(self.config.services.env_file)
 
     def _stop_children(self) -> None:
         """Every child told to stop at once and awaited together (SIGKILL after

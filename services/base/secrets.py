@@ -55,6 +55,17 @@ def load_env_file(path: str | Path) -> dict[str, str]:
     return values
 
 
+def load_secrets(path: str | Path | None) -> dict[str, str]:
+    """The env file's values (none for no file), each registered for redaction with this
+    process's service token: what a node, the smoke kit and `deepdive eval` hand their
+    services through the environment, and nothing else."""
+    values = load_env_file(path) if path else {}
+    for value in values.values():
+        register_secret(value)
+    register_secret(os.environ.get(TOKEN_ENV))
+    return values
+
+
 def env_file_keys(path: str | Path) -> set[str]:
     """The names an env file sets (the file checked and parsed as load_env_file does; every
     value dropped at once): what a submitting machine may know of a file read on the nodes."""

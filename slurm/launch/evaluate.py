@@ -28,9 +28,8 @@ from deepdive.messages import most_said
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from services.base.errors import ConfigError, RuntimeFailure
 from services.base.files import atomic_write_bytes
-from services.base.logs import register_secret
 from services.base.process import ServiceProcess
-from services.base.secrets import TOKEN_ENV, load_env_file
+from services.base.secrets import TOKEN_ENV, load_secrets
 from slurm.backends import Checkpoint, build_backend
 from slurm.config import ExperimentConfig
 from slurm.launch.eval_report import episode_row, print_table, summarize
@@ -87,11 +86,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def env_file_values(config: ExperimentConfig) -> dict[str, str]:
     """`services.env_file`'s values, registered for log redaction (as the job's nodes do)."""
-    path = config.services.env_file
-    values = load_env_file(path) if path else {}
-    for value in values.values():
-        register_secret(value)
-    return values
+    return load_secrets(config.services.env_file)
 
 
 @contextmanager

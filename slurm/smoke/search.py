@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 
 from services.base.errors import DeepDiveError
-from services.base.logs import redact, register_secret
+from services.base.logs import redact
 from services.base.process import ServiceProcess
-from services.base.secrets import TOKEN_ENV, load_env_file
+from services.base.secrets import TOKEN_ENV, load_secrets
 from slurm.backends import ServiceSpec
 from slurm.config import ServicesTable
 from slurm.node.egress import ProbeResult, Upstreams, probe_egress, proxy_route
@@ -56,10 +56,7 @@ def search_check(context: SmokeContext) -> Check:
 def tool_environment(services: ServicesTable) -> dict[str, str]:
     """What the tool server gets on top of this process's environment, as on a training node:
     the env file's values (registered for redaction) and services.proxy's variables."""
-    values = load_env_file(services.env_file) if services.env_file else {}
-    for value in values.values():
-        register_secret(value)
-    register_secret(os.environ.get(TOKEN_ENV))
+    values = load_secrets(services.env_file)
     return {**values, **services.proxy_environment({**os.environ, **values})}
 
 

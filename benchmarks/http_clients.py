@@ -58,7 +58,8 @@ async def measure(client: str, base: str, sessions: int, requests: int) -> dict[
                 orjson.loads(reply.content)
 
             return await _timed(call, sessions, requests)
-    from services.client.http import RetryPolicy, Upstream, UpstreamSettings
+    from services.client.http import Upstream, UpstreamSettings
+    from services.client.retries import RetryPolicy
 
     settings = UpstreamSettings(
         base,

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from services.base.secrets import TOKEN_ENV, read_secret
-from services.client.http import ErrorClassifier, RetryPolicy, Upstream, UpstreamSettings
+from services.client.http import ErrorClassifier, Upstream, UpstreamSettings
+from services.client.retries import RetryPolicy
 
 V = TypeVar("V")
 

@@ -26,6 +26,7 @@ CONTRACTS = (
     "deepdive.rollout_settings",
     "services.client.http",
     "services.client.plain_http",
+    "services.client.retries",
     "services.base.typed_config",
 )
 

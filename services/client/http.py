@@ -10,21 +10,19 @@ httpx on httpcore costs ~17 ms of CPU per request (its pool re-scans every conne
 queued request), httpx on an aiohttp transport 0.77 ms, aiohttp alone 0.36 ms; a rollout turn
 makes two such calls, so the client is most of a turn's cost.
 
-Retry rules (the lessons of earlier search agents): retry only 429, 5xx and transport errors,
-with full-jitter exponential backoff; honour `Retry-After`; never sleep past the caller's
-deadline; 401/402/403 mean a key problem that no retry fixes: reported once, clearly, and raised.
+What is retried is read here: only 429, 5xx and transport errors (and a mismatched reply);
+401/402/403 mean a key problem that no retry fixes: reported once, clearly, and raised. How
+(jittered backoff, `Retry-After`, never past the caller's deadline) is
+services/client/retries.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import errno
 import functools
 import logging
-import random
 import select
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +48,7 @@ from services.base.errors import (
 from services.base.logs import log_event, redact, redact_third_party_loggers
 from services.base.secrets import register_proxy_secrets
 from services.client.plain_http import PlainHttpError, PlainHttpPool, ResponseTooLarge, check_header
+from services.client.retries import Retry, RetryPolicy, parse_retry_after, read_budget, with_retries
 
 if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prometheus
     from services.serving.metrics import ServiceMetrics
@@ -57,7 +56,6 @@ if TYPE_CHECKING:  # the rollout inside slime uses Upstream and never loads prom
 __all__ = [
     "ErrorClassifier",
     "MismatchedReply",
-    "RetryPolicy",
     "Upstream",
     "UpstreamProvider",
     "UpstreamReply",
@@ -65,7 +63,6 @@ __all__ = [
     "decode_json_object",
     "echoed_query",
     "only_2xx",
-    "parse_retry_after",
 ]
 
 logger = logging.getLogger("deepdive.upstream")
@@ -213,29 +210,6 @@ def transport_failure(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently to retry an upstream.
-
-    max_attempts counts the first try. Backoff before retry k (1-based) is uniform in
-    [0, min(max_delay_s, base_delay_s * 2**(k-1))]; a Retry-After header raises it to at least
-    the advertised wait, and a wait over max_retry_after_s is not attempted at all.
-    """
-
-    max_attempts: int = 4
-    base_delay_s: float = 0.25
-    max_delay_s: float = 8.0
-    max_retry_after_s: float = 30.0
-
-    def backoff_cap(self, retry_number: int) -> float:
-        """The longest backoff before retry `retry_number` (1-based)."""
-        return min(self.max_delay_s, self.base_delay_s * 2.0 ** (retry_number - 1))
-
-    def backoff(self, retry_number: int, draw: Callable[[], float] = random.random) -> float:
-        """Full jitter: `draw()` (uniform in [0, 1)) of the cap."""
-        return draw() * self.backoff_cap(retry_number)
-
-
-@dataclass(frozen=True)
 class UpstreamSettings:
     """Where an upstream lives and how hard we may push it."""
 
@@ -276,24 +250,6 @@ class UpstreamReply:
 # problem (reported once, /ready off); any other error is raised as it is, never retried (a
 # ToolError for a provider; a ConfigError where a status means the URL itself is wrong).
 ErrorClassifier = Callable[[UpstreamReply], "DeepDiveError | None"]
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date); None if absent/invalid."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 class Upstream:
@@ -444,45 +400,62 @@ class Upstream:
         arguments: `json` (sent with orjson), `content` (bytes), `params`, `headers`, and
         `sni_hostname` (the TLS server name when the URL's host is a pinned address).
         """
-        policy = self.settings.retry
-        attempt = 0
-        while True:
-            attempt += 1
-            retry_after: float | None = None
-            try:
-                reply = await self._attempt_in_slot(method, url, deadline, kwargs)
-            except (TimeoutError, aiohttp.ClientError, PlainHttpError) as exc:
-                log_event(
-                    logger,
-                    "upstream_transport_error",
-                    logging.DEBUG,
-                    upstream=self.name,
-                    attempt=attempt,
-                    error=type(exc).__name__,
-                    detail=redact(str(exc)) or None,
-                )
-                error: UpstreamError = UpstreamUnavailable(self.name, transport_failure(exc))
+        return await with_retries(
+            functools.partial(self._try_once, method, url, deadline, check, kwargs),
+            self.settings.retry,
+            self.clock,
+            deadline,
+            self._given_up,
+        )
+
+    async def _try_once(
+        self,
+        method: str,
+        url: str,
+        deadline: float | None,
+        check: ReplyCheck | None,
+        kwargs: dict[str, Any],
+        attempt: int,
+    ) -> UpstreamReply | Retry:
+        """One attempt and its reading: the reply to return, an error worth another attempt
+        (counted), or an error raised as it is."""
+        retry_after: float | None = None
+        try:
+            reply = await self._attempt_in_slot(method, url, deadline, kwargs)
+        except (TimeoutError, aiohttp.ClientError, PlainHttpError) as exc:
+            log_event(
+                logger,
+                "upstream_transport_error",
+                logging.DEBUG,
+                upstream=self.name,
+                attempt=attempt,
+                error=type(exc).__name__,
+                detail=redact(str(exc)) or None,
+            )
+            error: UpstreamError = UpstreamUnavailable(self.name, transport_failure(exc))
+        else:
+            status = reply.status_code
+            if status >= 400:
+                error, retry_after = self._refused(reply)
+            elif check is None:
+                return reply
+            elif status >= 300:
+                self._count_error("not_2xx")
+                raise UpstreamBadResponse(self.name, f"HTTP {status} is not an answer")
             else:
-                status = reply.status_code
-                if status >= 400:
-                    error, retry_after = self._refused(reply)
-                elif check is None:
-                    return reply
-                elif status >= 300:
-                    self._count_error("not_2xx")
-                    raise UpstreamBadResponse(self.name, f"HTTP {status} is not an answer")
+                try:
+                    check(reply)
+                except MismatchedReply as mismatch:
+                    error = mismatch
                 else:
-                    try:
-                        check(reply)
-                    except MismatchedReply as mismatch:
-                        error = mismatch
-                    else:
-                        return reply
-            self._count_error(error.code)
-            if attempt >= policy.max_attempts:
-                kind = UpstreamBadResponse if isinstance(error, MismatchedReply) else type(error)
-                raise kind(self.name, f"{_detail(error)} after {attempt} attempts")
-            await self._backoff(attempt, retry_after, deadline, error)
+                    return reply
+        self._count_error(error.code)
+        return Retry(error, retry_after)
+
+    def _given_up(self, error: UpstreamError, why: str) -> UpstreamError:
+        """The error raised once no attempt is left: a mismatched reply's as a bad response."""
+        kind = UpstreamBadResponse if isinstance(error, MismatchedReply) else type(error)
+        return kind(self.name, f"{_detail(error)}{why}")
 
     def _refused(self, reply: UpstreamReply) -> tuple[UpstreamError, float | None]:
         """A reply with status >= 400: raised where no retry helps, else the error to retry on
@@ -511,24 +484,6 @@ class Upstream:
         self._count_error("http_4xx")
         raise UpstreamBadResponse(self.name, f"HTTP {status} (request refused)")
 
-    async def _backoff(
-        self, attempt: int, retry_after: float | None, deadline: float | None, error: UpstreamError
-    ) -> None:
-        """Sleep before retry `attempt`, or raise `error` (as its kind) where the wait is too
-        long or would pass the deadline."""
-        policy = self.settings.retry
-        kind = UpstreamBadResponse if isinstance(error, MismatchedReply) else type(error)
-        delay = policy.backoff(attempt)
-        if retry_after is not None:
-            if retry_after > policy.max_retry_after_s:
-                raise kind(
-                    self.name, f"{_detail(error)}; Retry-After {retry_after:.0f}s is too long"
-                )
-            delay = max(delay, retry_after)
-        if deadline is not None and self.clock() + delay >= deadline:
-            raise kind(self.name, f"{_detail(error)}; no time left to retry within the deadline")
-        await self.clock.async_sleep(delay)
-
     async def _attempt_plain(
         self,
         pool: PlainHttpPool,
@@ -549,7 +504,7 @@ class Upstream:
                 target.raw_path_qs,
                 body or b"",
                 headers,
-                timeout_s=self._read_budget(deadline),
+                timeout_s=read_budget(self.settings.read_timeout_s, deadline, self.clock),
                 connect_timeout_s=self.settings.connect_timeout_s,
                 limit=limit,
             )
@@ -557,18 +512,11 @@ class Upstream:
             raise self._too_large(limit) from None
         return UpstreamReply(reply.status, reply.headers, reply.content, reply.charset)
 
-    def _read_budget(self, deadline: float | None) -> float:
-        """Seconds one attempt may take: the read timeout, or less where the deadline is nearer."""
-        read = self.settings.read_timeout_s
-        if deadline is None:
-            return read
-        return max(0.001, min(read, deadline - self.clock()))
-
     def _attempt_timeout(self, deadline: float | None) -> aiohttp.ClientTimeout:
         if deadline is None:
             return self._timeout
         # The attempt ends by the deadline: one total timer, which also bounds every read.
-        read = self._read_budget(deadline)
+        read = read_budget(self.settings.read_timeout_s, deadline, self.clock)
         if read == self.settings.read_timeout_s:
             return self._whole_timeout
         return aiohttp.ClientTimeout(total=read, connect=min(read, self.settings.connect_timeout_s))

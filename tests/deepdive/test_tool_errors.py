@@ -31,7 +31,8 @@ from deepdive.tool_errors import ToolsFailing, tool_error_counts
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from fakes.upstream import create_app as fake_upstream
 from services.base.errors import ConfigError
-from services.client.http import RetryPolicy, UpstreamSettings
+from services.client.http import UpstreamSettings
+from services.client.retries import RetryPolicy
 from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app as create_tool_app
 from services.tool_server.build import build_providers

@@ -20,7 +20,8 @@ from pytest_httpserver import HTTPServer
 from fakes.forward_proxy import ForwardProxy
 from services.base.errors import UpstreamUnavailable
 from services.base.logs import redact
-from services.client.http import RetryPolicy, Upstream, UpstreamSettings
+from services.client.http import Upstream, UpstreamSettings
+from services.client.retries import RetryPolicy
 from services.tool_server.jina import JinaReader
 from services.tool_server.serper import SerperSearch
 from services.tool_server.urlguard import URLGuard

@@ -20,8 +20,9 @@ import pytest
 
 from fakes.hostile_upstream import Misbehaviour, hostile_upstream
 from services.base.errors import ConfigError, UpstreamBadResponse, UpstreamError
-from services.client.http import RetryPolicy, Upstream, UpstreamSettings
+from services.client.http import Upstream, UpstreamSettings
 from services.client.plain_http import MAX_HEAD_BYTES, check_header
+from services.client.retries import RetryPolicy
 from services.reward_server.openai_judge import OpenAIJudge
 from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app

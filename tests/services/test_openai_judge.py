@@ -17,7 +17,8 @@ from werkzeug import Request, Response
 
 from deepdive.protocol import FINISH, RewardRequest, format_tool_call
 from services.base.errors import UpstreamBadResponse
-from services.client.http import RetryPolicy, UpstreamSettings
+from services.client.http import UpstreamSettings
+from services.client.retries import RetryPolicy
 from services.reward_server.app import create_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator

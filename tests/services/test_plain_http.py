@@ -19,8 +19,9 @@ import orjson
 import pytest
 
 from services.base.errors import UpstreamBadResponse, UpstreamUnavailable
-from services.client.http import RetryPolicy, Upstream, UpstreamSettings
+from services.client.http import Upstream, UpstreamSettings
 from services.client.plain_http import PlainHttpError, _Connection
+from services.client.retries import RetryPolicy
 from tests.helpers import Closing
 
 

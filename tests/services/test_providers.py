@@ -13,7 +13,8 @@ from services.base.errors import (
     UpstreamRateLimited,
     URLRejected,
 )
-from services.client.http import RetryPolicy, UpstreamSettings
+from services.client.http import UpstreamSettings
+from services.client.retries import RetryPolicy
 from services.tool_server.direct import DirectReader
 from services.tool_server.jina import JinaReader
 from services.tool_server.serpapi import SerpApiSearch

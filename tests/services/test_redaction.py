@@ -19,7 +19,8 @@ from pytest_httpserver import HTTPServer
 
 from deepdive.protocol import FINISH, format_tool_call
 from services.base.logs import redact, register_secret
-from services.client.http import RetryPolicy, UpstreamSettings
+from services.client.http import UpstreamSettings
+from services.client.retries import RetryPolicy
 from services.reward_server.app import create_app
 from services.reward_server.config import RewardServerConfig
 from services.reward_server.evaluator import Evaluator

@@ -17,7 +17,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from services.client.http import RetryPolicy, UpstreamSettings
+from services.client.http import UpstreamSettings
+from services.client.retries import RetryPolicy
 from services.serving.metrics import ServiceMetrics
 from services.tool_server.app import create_app
 from services.tool_server.build import build_providers

@@ -20,7 +20,8 @@ from services.base.errors import (
     UpstreamRateLimited,
     UpstreamUnavailable,
 )
-from services.client.http import RetryPolicy, Upstream, UpstreamSettings, parse_retry_after
+from services.client.http import Upstream, UpstreamSettings
+from services.client.retries import RetryPolicy, parse_retry_after
 from services.serving.metrics import ServiceMetrics
 from tests.helpers import FakeClock, wait_for_requests
 

@@ -29,7 +29,7 @@ from typing import Any
 from services.base.process import child_preexec, log_tail
 from services.base.waiting import WaitTimeout, wait_for
 from slurm.backends import build_backend
-from slurm.node.network import node_address
+from slurm.node.network import ROUTE, node_address
 from slurm.run_folder import read_json
 from slurm.smoke.context import SmokeContext
 from slurm.smoke.gpus import no_gpu, torch_gpus
@@ -114,13 +114,19 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def chosen_interface(environment: dict[str, str], address: str) -> tuple[str, str | None]:
+def chosen_interface(
+    environment: dict[str, str], address: str, one_host: bool = False
+) -> tuple[str, str | None]:
     """The interface gloo is told to use: the backend's GLOO_SOCKET_IFNAME, else the one
-    holding the node's address; and why it cannot serve, if it cannot."""
+    holding the node's address; and why it cannot serve, if it cannot. `one_host`: the
+    experiment pins every node to a loopback address (bootstrap.node_address, nodes emulated
+    on one host, where the bootstrap fails a node on another host), so loopback serves."""
     if named := environment.get("GLOO_SOCKET_IFNAME"):
         return named, None
-    if address.startswith("127."):
+    if address.startswith("127.") and not one_host:
         return "lo", f"the node's address is {address}, a loopback one: other nodes cannot reach it"
+    if address.startswith("127."):
+        return "lo", None
     found = interface_of(address)
     if found is None:
         return "", f"no network interface holds the node's address {address}"
@@ -271,7 +277,8 @@ def across_nodes(
 
 
 def gloo(context: SmokeContext, address: str, folder: Path, environment: dict[str, str]) -> Check:
-    interface, problem = chosen_interface(environment, address)
+    one_host = context.config.bootstrap.node_address != ROUTE
+    interface, problem = chosen_interface(environment, address, one_host)
     name = f"gloo over {interface or 'the chosen interface'}"
     if problem is not None:
         return failed(name, problem)

@@ -298,9 +298,11 @@ def test_connections_past_the_cap_are_closed_at_once(
             sock.close()
         assert served_on_a_new_connection(stack, address)
         assert served_on_a_new_connection(stack, address)
-    # two refused: the first at once, the second counted into the line written at shutdown
+    # two refused, counted, not logged one by one: at once or with the line written at
+    # shutdown (both arrive in one accepting pass when the loop is slow to get to them)
     lines = log_lines(connection_logs, "connections_refused")
-    assert [line.split()[1] for line in lines] == ["server_full=1", "server_full=1"]
+    counts = [line.split()[1] for line in lines]
+    assert counts in (["server_full=1", "server_full=1"], ["server_full=2"]), counts
     assert f"open={cap} max_connections={cap}" in lines[0]
 
 

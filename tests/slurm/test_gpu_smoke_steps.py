@@ -165,6 +165,8 @@ def test_gloo_uses_the_backends_interface_and_refuses_a_loopback_address() -> No
     _, problem = collective.chosen_interface({}, "127.0.1.1")
     assert problem is not None and "a loopback one: other nodes cannot reach it" in problem
     assert collective.interface_of("127.0.0.1") == "lo"
+    # nodes emulated on one host, their loopback address pinned by the experiment
+    assert collective.chosen_interface({}, "127.0.0.2", one_host=True) == ("lo", None)
     assert collective.chosen_interface({}, "192.0.2.254")[1] == (
         "no network interface holds the node's address 192.0.2.254"
     )

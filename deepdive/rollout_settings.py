@@ -1,62 +1,57 @@
 """Every knob of the rollout, declared once (`RolloutKnobs`, with its defaults and why), written
 once (`as_args`), read once from slime's `args` (`settings_from_args`) and validated — the
-`deepdive_*` names live here and nowhere else. The knobs are apart from where the services are:
-`RolloutSettings` is the knobs with the URLs and the episode's context, built only where the
-URLs are known.
+`deepdive_*` keys are written and read here and nowhere else (deepdive.arg_names spells them).
+The knobs are apart from where the services are: `RolloutSettings` is the knobs with the URLs
+and the episode's context, built only where the URLs are known.
 
 Inside slime the launcher writes `slime_custom_config` into a YAML file passed as
 `--custom-config-path`; slime sets each key on `args`, and the rollout (running in slime's Ray
 actors) reads them here. The local backend passes the same keys on a Namespace. An
 environment variable is only a fallback, for running the hook by hand.
 
-The tool and reward server settings are base URLs, as lists: the tool server's a list of
-nodes, each a list of its workers' URLs; the reward servers' one per node, in that order. A
-job of several nodes gives every node's: each episode keeps to one worker of one node, picked
-from its prompt (deepdive.routing). Only the environment fallback spells them as one string
-(`nodes_from_text`, `urls_from_text`). DeepDive's own variables name the endpoints (`.../tool`,
-`.../evaluate`), so those exact trailing segments are taken off when read here
-(`endpoint_base`), and either spelling works.
+Where the services are (the tool server's nodes and workers, the reward servers', the one
+string spelling of the environment fallback) is deepdive.service_urls: the URLs are checked
+and read from `args` there, and carried here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from argparse import Namespace
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit, urlunsplit
 
+from deepdive.arg_names import PREFIX, arg_name, env_name
+from deepdive.service_urls import (
+    Nodes,
+    check_url,
+    checked_nodes,
+    checked_urls,
+    service_urls,
+    urls_from_args,
+)
 from services.base.errors import ConfigError
-from services.base.logs import log_event
 from services.base.typed_config import positive
 
 __all__ = [
     "EVAL_LOG_FUNCTION_PATH",
     "GENERATE_FUNCTION_PATH",
-    "NODES",
     "REWARD_FUNCTION_PATH",
     "REWARD_POST_PROCESS_PATH",
     "ROLLOUT_LOG_FUNCTION_PATH",
     "TOKENIZER_ARG",
     "TRAJECTORY_DIR_ARG",
-    "Nodes",
     "RolloutKnobs",
     "RolloutSettings",
     "arg_name",
-    "endpoint_base",
     "env_name",
-    "nodes_from_text",
     "rollout_args",
     "settings_from_args",
     "slime_custom_config",
     "trajectory_dir",
-    "urls_from_text",
 ]
-
-logger = logging.getLogger("deepdive.rollout_settings")
 
 OnMalformed = Literal["fail", "continue"]
 
@@ -73,17 +68,6 @@ TOKENIZER_ARG = "deepdive_tokenizer"
 # Where the rollout log functions record episodes (RUN/trajectories): a key of the custom-config
 # YAML the slime backend writes with the run folder; unset, nothing is recorded.
 TRAJECTORY_DIR_ARG = "deepdive_trajectory_dir"
-_PREFIX = "deepdive_"
-# The services' URLs: the tool server's, node by node, each node's workers; the reward servers'.
-Nodes = tuple[tuple[str, ...], ...]
-# The one string spelling, only for an environment variable (DEEPDIVE_TOOL_SERVER_URL):
-# a node's workers joined by WORKERS, the nodes by NODES ("http://a:1,http://a:2;http://b:1").
-WORKERS, NODES = ",", ";"
-
-
-def arg_name(field: str) -> str:
-    """The attribute of slime's `args` (and key of the custom-config YAML) for one setting."""
-    return _PREFIX + field
 
 
 @dataclass(frozen=True)
@@ -129,7 +113,7 @@ class RolloutKnobs:
 
     # how a key is named in an error: the `args` name here; a table embedding the knobs
     # names its own keys (slime.deepdive., rollout.)
-    KEYS: ClassVar[str] = _PREFIX
+    KEYS: ClassVar[str] = PREFIX
 
     max_turns: int = 64
     on_malformed: OnMalformed = "fail"
@@ -201,7 +185,7 @@ class RolloutSettings(RolloutKnobs):
     def __post_init__(self) -> None:
         super().__post_init__()
         positive(arg_name("max_context_tokens"), self.max_context_tokens)
-        _check_url(arg_name("sglang_url"), self.sglang_url)
+        check_url(arg_name("sglang_url"), self.sglang_url)
         # checked, and tuples whatever sequences were given (a YAML file's are lists)
         tools = checked_nodes(arg_name("tool_server_url"), self.tool_server_url)
         object.__setattr__(self, "tool_server_url", tools)
@@ -249,17 +233,6 @@ class RolloutSettings(RolloutKnobs):
         return {**values, **service_urls(self.tool_server_url, self.reward_server_url)}
 
 
-def service_urls(tool_server_url: Nodes, reward_server_url: tuple[str, ...]) -> dict[str, Any]:
-    """The services' URLs under their `args` names, checked (`checked_nodes`, `checked_urls`)
-    and as lists, which YAML writes and slime sets on `args` as they are."""
-    nodes = checked_nodes(arg_name("tool_server_url"), tool_server_url)
-    rewards = checked_urls(arg_name("reward_server_url"), reward_server_url)
-    return {
-        arg_name("tool_server_url"): [list(node) for node in nodes],
-        arg_name("reward_server_url"): list(rewards),
-    }
-
-
 def slime_custom_config(
     knobs: RolloutKnobs,
     max_context_tokens: int,
@@ -291,104 +264,6 @@ def trajectory_dir(args: Any) -> Path | None:
     return Path(value)
 
 
-# The endpoints under each base URL, as DeepDive's DEEPDIVE_TOOL_SERVER_URL and
-# DEEPDIVE_REWARD_SERVER_URL spell them; the longer suffix first.
-ENDPOINTS: dict[str, tuple[str, ...]] = {
-    "tool_server_url": ("/tool",),
-    "reward_server_url": ("/evaluate/batch", "/evaluate"),
-}
-
-
-def endpoint_base(key: str, url: str) -> str:
-    """`url` without a trailing endpoint of `key`'s service (`http://h:8700/tool` ->
-    `http://h:8700`; a trailing slash is allowed). Strict: only whole segments in `ENDPOINTS`
-    are taken off, and a URL with a query or a fragment is kept as given."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url  # __post_init__ names the key and refuses it
-    if parts.query or parts.fragment:
-        return url
-    path = parts.path.rstrip("/")
-    for suffix in ENDPOINTS.get(key, ()):
-        if path.endswith(suffix):
-            log_event(logger, "service_url_normalised", setting=arg_name(key), dropped=suffix)
-            return urlunsplit(parts._replace(path=path.removesuffix(suffix)))
-    return url
-
-
-def _check_url(key: str, url: object, where: str = "") -> None:
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{key}: {where}expected an http(s) URL, got {url!r}")
-    if WORKERS in url or NODES in url:
-        raise ConfigError(
-            f"{key}: {where}one URL each, without {WORKERS!r} or {NODES!r} (a list holds "
-            f"several), got {url!r}"
-        )
-
-
-def checked_urls(key: str, value: object, where: str = "") -> tuple[str, ...]:
-    """A non-empty list (or tuple) of distinct http(s) URLs, as a tuple; a bad one is named
-    with its position."""
-    if not isinstance(value, list | tuple) or not value:
-        raise ConfigError(
-            f"{key}: {where}expected a list of http(s) URLs{_hint(key, value)}, got {value!r}"
-        )
-    for position, url in enumerate(value, start=1):
-        _check_url(key, url, f"{where}URL {position} of {len(value)}: ")
-    urls = tuple(value)
-    if len(set(urls)) != len(urls):
-        raise ConfigError(f"{key}: {where}the same URL is listed twice in {value!r}")
-    return urls
-
-
-def checked_nodes(key: str, value: object) -> Nodes:
-    """A non-empty list of nodes, each a list of its workers' URLs (`checked_urls`), as tuples;
-    a bad node is named with its position, and no URL may be listed twice."""
-    if not isinstance(value, list | tuple) or not value:
-        raise ConfigError(
-            f"{key}: expected a list of nodes, each a list of its workers' http(s) URLs"
-            f"{_hint(key, value)}, got {value!r}"
-        )
-    nodes = tuple(
-        checked_urls(key, node, f"node {position} of {len(value)}: ")
-        for position, node in enumerate(value, start=1)
-    )
-    every = [url for node in nodes for url in node]
-    if len(set(every)) != len(every):
-        raise ConfigError(f"{key}: the same URL is listed twice in {value!r}")
-    return nodes
-
-
-def _hint(key: str, value: object) -> str:
-    return f" (a string only in {env_name(key)})" if isinstance(value, str) else ""
-
-
-def env_name(key: str) -> str:
-    """The environment variable a setting falls back to: max_turns -> DEEPDIVE_MAX_TURNS."""
-    return "DEEPDIVE_" + key.removeprefix(_PREFIX).upper()
-
-
-def urls_from_text(field: str, text: str) -> tuple[str, ...]:
-    """The one string spelling of a list of URLs, for an environment variable
-    (DEEPDIVE_REWARD_SERVER_URL): joined by commas, blanks around each ignored, each URL's
-    trailing endpoint taken off (`endpoint_base`); checked as `checked_urls` does."""
-    urls = [endpoint_base(field, url.strip()) for url in text.split(WORKERS)]
-    return checked_urls(arg_name(field), urls)
-
-
-def nodes_from_text(field: str, text: str) -> Nodes:
-    """The one string spelling of the tool server's nodes, for DEEPDIVE_TOOL_SERVER_URL: each
-    node's workers as `urls_from_text` reads them, the nodes joined by semicolons
-    ("http://a:1,http://a:2;http://b:1"; one URL is one node of one worker); checked as
-    `checked_nodes` does."""
-    nodes = [
-        [endpoint_base(field, url.strip()) for url in node.split(WORKERS)]
-        for node in text.split(NODES)
-    ]
-    return checked_nodes(arg_name(field), nodes)
-
-
 _CONTEXT_DEFAULT = RolloutSettings.__dataclass_fields__["max_context_tokens"].default
 
 
@@ -413,29 +288,6 @@ def _value(args: Any, key: str, default: Any) -> Any:
     return value
 
 
-def _service_urls(args: Any, field: str) -> Any:
-    """The setting from `args` (lists: a YAML file's, the local backend's), each URL's
-    trailing endpoint taken off; else the environment variable's one string spelling; else
-    None, which validation names. Anything else is left for validation to name."""
-    value = getattr(args, arg_name(field), None)
-    if value is not None:
-        return _endpoint_bases(field, value)
-    text = os.environ.get(env_name(field))
-    if text is None:
-        return None
-    if field == "tool_server_url":
-        return nodes_from_text(field, text)
-    return urls_from_text(field, text)
-
-
-def _endpoint_bases(field: str, value: Any) -> Any:
-    if isinstance(value, str):
-        return endpoint_base(field, value)
-    if isinstance(value, list | tuple):
-        return [_endpoint_bases(field, item) for item in value]
-    return value
-
-
 def settings_from_args(args: Any) -> RolloutSettings:
     """Validated settings for this `args` (computed once per args object)."""
     cached = getattr(args, "_deepdive_rollout_settings", None)
@@ -449,8 +301,8 @@ def settings_from_args(args: Any) -> RolloutSettings:
     settings = RolloutSettings(
         **knobs,
         sglang_url=_value(args, "sglang_url", router),
-        tool_server_url=_service_urls(args, "tool_server_url"),
-        reward_server_url=_service_urls(args, "reward_server_url"),
+        tool_server_url=urls_from_args(args, "tool_server_url"),
+        reward_server_url=urls_from_args(args, "reward_server_url"),
         max_context_tokens=_value(args, "max_context_tokens", context),
     )
     with contextlib.suppress(AttributeError):  # an args object that refuses attributes

@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONTRACTS = (
     "deepdive.protocol",
     "deepdive.rollout_settings",
+    "deepdive.service_urls",
+    "deepdive.arg_names",
     "services.client.http",
     "services.client.plain_http",
     "services.client.retries",

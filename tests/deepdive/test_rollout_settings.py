@@ -20,12 +20,10 @@ from deepdive.rollout_settings import (
     REWARD_FUNCTION_PATH,
     RolloutSettings,
     arg_name,
-    endpoint_base,
     env_name,
-    nodes_from_text,
     settings_from_args,
-    urls_from_text,
 )
+from deepdive.service_urls import endpoint_base, nodes_from_text, urls_from_text
 from services.base.errors import ConfigError
 
 

@@ -32,9 +32,9 @@ from deepdive.rollout_settings import (
     REWARD_FUNCTION_PATH,
     REWARD_POST_PROCESS_PATH,
     ROLLOUT_LOG_FUNCTION_PATH,
-    Nodes,
     slime_custom_config,
 )
+from deepdive.service_urls import Nodes
 from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.backends.slime.config import SlimeSection, max_tokens_per_gpu

@@ -93,16 +93,20 @@ class Closing(Protocol):
 
 def git_ignored(root: Path, paths: list[str]) -> set[str]:
     """The paths (relative to `root`) that git ignores there, such as containers/build/'s copy
-    of the tree that the container tests stage; none where `root` is not in a git work tree."""
+    of the tree that the container tests stage; none where `root` is not in a git work tree or
+    there is no git."""
     if not paths:
         return set()
-    found = subprocess.run(
-        ["git", "-C", str(root), "check-ignore", "--stdin"],
-        input="\n".join(paths),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(root), "check-ignore", "--stdin"],
+            input="\n".join(paths),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:  # no git (the image's test run): a tree without ignored copies
+        return set()
     return set(found.stdout.splitlines()) if found.returncode in (0, 1) else set()
 
 

@@ -250,13 +250,17 @@ def test_the_sampler_visits_every_prompt_once_per_epoch_and_resumes() -> None:
 
 
 def _events(folder: Path) -> list[bytes]:
-    """The records of a TensorBoard event file (length, crc, data, crc)."""
-    (path,) = folder.glob("events.out.tfevents.*")
-    data, records, offset = path.read_bytes(), [], 0
-    while offset < len(data):
-        (length,) = struct.unpack("<Q", data[offset : offset + 8])
-        records.append(data[offset + 12 : offset + 12 + length])
-        offset += 12 + length + 4
+    """The records of the folder's TensorBoard event files (length, crc, data, crc): one per
+    writer, unless two writers open theirs within one second (the name holds the second)."""
+    paths = sorted(folder.glob("events.out.tfevents.*"))
+    assert paths, f"no event file in {folder}"
+    records: list[bytes] = []
+    for path in paths:
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            records.append(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
     return records
 
 

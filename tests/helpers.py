@@ -4,6 +4,7 @@ the rollout's services and arguments. Fixtures stay in conftest.py; fakes live i
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import importlib
 import ipaddress
 import json
@@ -105,9 +106,31 @@ def git_ignored(root: Path, paths: list[str]) -> set[str]:
             text=True,
             check=False,
         )
-    except FileNotFoundError:  # no git (the image's test run): a tree without ignored copies
-        return set()
+    except FileNotFoundError:  # no git (the image's test run, the checkout mounted at /src)
+        return {path for path in paths if _ignored_by_gitignore(root, path)}
     return set(found.stdout.splitlines()) if found.returncode in (0, 1) else set()
+
+
+def _ignored_by_gitignore(root: Path, path: str) -> bool:
+    """Whether `root`/.gitignore's lines ignore `path` (no git to ask): an anchored line
+    (`containers/build/`) by prefix, any other by name of a folder on the path (`build/`,
+    `*.egg-info/`), or of the file too for a line that does not end in "/"."""
+    ignore = root / ".gitignore"
+    lines = ignore.read_text(encoding="utf-8").splitlines() if ignore.is_file() else []
+    parts = path.split("/")
+    for line in (line.strip() for line in lines):
+        if not line or line.startswith(("#", "!")):
+            continue
+        folder_only = line.endswith("/")
+        pattern = line.strip("/")
+        if "/" in pattern:
+            if path == pattern or path.startswith(pattern + "/"):
+                return True
+            continue
+        names = parts[:-1] if folder_only else parts
+        if any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            return True
+    return False
 
 
 @contextmanager

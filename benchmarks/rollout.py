@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.harness import free_port, pinned, process, python_module
 from deepdive.clients import close_clients
-from deepdive.rollout import generate_with_tool
+from deepdive.generate import generate_with_tool
 from deepdive.rollout_settings import RolloutSettings, rollout_args
 from deepdive.sample import LocalSample
 from fakes.sglang import ByteTokenizer

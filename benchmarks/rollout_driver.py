@@ -84,7 +84,7 @@ def log_rollout(step: int, args: Any, samples: list[Any]) -> None:
 async def episodes(
     url: str, samples: int, turns: int, tokenizer: Any, log: bool = False, step: int = 0
 ) -> dict[str, Any]:
-    from deepdive.rollout import generate_with_tool
+    from deepdive.generate import generate_with_tool
     from deepdive.sample import LocalSample
 
     args = Namespace(

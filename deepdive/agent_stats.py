@@ -2,7 +2,7 @@
 how episodes ended, the tools' errors by code, leakage blocks, tokens, and reward by number of
 searches (DeepDive's analysis follows tool calls per trajectory rising with training).
 
-Read from each sample's statistics (`metadata["deepdive"]`, deepdive.rollout) and status, so
+Read from each sample's statistics (`metadata["deepdive"]`, deepdive.episode) and status, so
 both backends compute the same numbers: slime through our rollout log function
 (deepdive.aborts, under `rollout/deepdive/agent/`), the local backend in its step metrics
 (under `agent/`); `deepdive status` shows the newest beside the reward.

@@ -28,6 +28,7 @@ import importlib
 import sys
 from typing import Any
 
+from deepdive.rollout_settings import GENERATE_FUNCTION_PATH
 from services.base.errors import ConfigError
 
 FULLY_ASYNC_MODULE = "slime.rollout.fully_async_rollout"
@@ -47,13 +48,13 @@ def refuse_unsupported_modes(args: Any) -> None:
     episodes."""
     if getattr(args, "partial_rollout", False):
         raise ConfigError(
-            "--partial-rollout: deepdive.rollout.generate_with_tool cannot continue an aborted "
+            f"--partial-rollout: {GENERATE_FUNCTION_PATH} cannot continue an aborted "
             "multi-turn episode; run without --partial-rollout"
         )
     path = getattr(args, "rollout_function_path", None) or ""
     if isinstance(path, str) and fully_async(path):
         raise ConfigError(
-            f"--rollout-function-path {path}: deepdive.rollout.generate_with_tool cannot "
+            f"--rollout-function-path {path}: {GENERATE_FUNCTION_PATH} cannot "
             "continue an aborted multi-turn episode (and slime's fully-async worker would only "
             "log this error, then wait forever); use slime's default rollout function"
         )
@@ -72,7 +73,7 @@ def refuse_fully_async_import(args: Any) -> None:
         raise ConfigError(
             f"--rollout-function-path {path}: it runs slime's fully-async rollout "
             f"({FULLY_ASYNC_MODULE}), which hands aborted episodes back to be continued; "
-            "deepdive.rollout.generate_with_tool cannot continue them. Use slime's default "
+            f"{GENERATE_FUNCTION_PATH} cannot continue them. Use slime's default "
             "rollout function"
         )
 

@@ -56,8 +56,8 @@ __all__ = [
 OnMalformed = Literal["fail", "continue"]
 
 # What slime is told to call: --custom-generate-function-path and --custom-rm-path.
-GENERATE_FUNCTION_PATH = "deepdive.rollout.generate_with_tool"
-REWARD_FUNCTION_PATH = "deepdive.rollout.reward_func"
+GENERATE_FUNCTION_PATH = "deepdive.generate.generate_with_tool"
+REWARD_FUNCTION_PATH = "deepdive.reward.reward_func"
 # ... and --custom-rollout-log-function-path, --custom-eval-rollout-log-function-path
 ROLLOUT_LOG_FUNCTION_PATH = "deepdive.aborts.log_rollout"
 EVAL_LOG_FUNCTION_PATH = "deepdive.aborts.log_eval_rollout"

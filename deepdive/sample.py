@@ -1,4 +1,5 @@
-"""slime's Sample when slime is installed, else a stand-in with the same fields and statuses.
+"""slime's Sample when slime is installed, else a stand-in with the same fields and statuses,
+and what both hooks (deepdive.generate, deepdive.reward) read and write of a sample alike.
 
 The rollout only reads and writes Sample fields, so it runs inside slime's Ray actors and, on a
 laptop, in the local trainer, with the same code. The stand-in mirrors slime at the commit the
@@ -62,3 +63,24 @@ def status_of(sample: Any, name: str) -> Any:
 def status_name(sample: Any) -> str:
     status = getattr(sample, "status", None)
     return str(getattr(status, "name", status))
+
+
+def forbidden_texts(sample: Any) -> tuple[str, ...]:
+    """The texts the tool server's leakage filter and the reward's question come from (the
+    row's metadata.remote_env_info.forbidden_texts, as `deepdive convert` writes it); a value
+    of another shape is sent as it is, for the servers to refuse by name."""
+    env = (sample.metadata or {}).get("remote_env_info") or {}
+    texts = env.get("forbidden_texts") if isinstance(env, dict) else None
+    if not texts:
+        return ()
+    return tuple(texts) if isinstance(texts, list | tuple) else (texts,)
+
+
+def reward_shaped(args: Any, value: float) -> Any:
+    """A reward in the shape slime reads it: the number, or, with --reward-key (and
+    --eval-reward-key), a dict holding it under each key, since slime then looks it up by key
+    (slime/utils/types.py, `get_reward_value`, lines 246-247; slime/rollout/sglang_rollout.py,
+    lines 617-620, for evaluation)."""
+    keys = {getattr(args, name, None) for name in ("reward_key", "eval_reward_key")}
+    named = sorted(key for key in keys if isinstance(key, str) and key)
+    return {key: value for key in named} if named else value

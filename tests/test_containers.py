@@ -377,8 +377,8 @@ def test_the_test_section_imports_slimes_training_path_and_our_hooks() -> None:
         "REWARD_FUNCTION_PATH",
     ]
     # what the launcher tells slime to load is what %test loads
-    assert GENERATE_FUNCTION_PATH.startswith("deepdive.rollout.")
-    assert REWARD_FUNCTION_PATH.startswith("deepdive.rollout.")
+    assert GENERATE_FUNCTION_PATH.startswith("deepdive.generate.")
+    assert REWARD_FUNCTION_PATH.startswith("deepdive.reward.")
     assert 'numpy.__version__.startswith("1.")' in body
     assert '"slime" in sglang_router.__version__' in body  # slime's own check, Dockerfile l.112
 

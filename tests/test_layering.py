@@ -103,11 +103,11 @@ def test_the_house_keeps_its_layers() -> None:
 
 def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
     bad = {
-        "services/tool_server/leak.py": "from deepdive.rollout import reward_func\n",
+        "services/tool_server/leak.py": "from deepdive.reward import reward_func\n",
         "services/late.py": "def f():\n    import deepdive.local.engine\n",
         "services/launch.py": 'COMMAND = ["python", "-m", "slurm.cli", "serve"]\n',
         "deepdive/up.py": "from slurm import cli\n",
-        "deepdive/rollout.py": "from deepdive.local.engine import LocalEngine\n",
+        "deepdive/generate.py": "from deepdive.local.engine import LocalEngine\n",
         "deepdive/protocol.py": "from deepdive import offline\n",
         "slurm/launch/submit.py": 'import os\nos.environ["SLURM_JOB_ID"]\n',
         "services/fine.py": "from deepdive.protocol import FINISH\n",
@@ -126,9 +126,9 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         (tmp_path / name).write_text(text)
     found = layer_violations(tmp_path)
     assert sorted({item.split(":", 1)[0] for item in found}) == [
+        "deepdive/generate.py",
         "deepdive/new_hook.py",
         "deepdive/protocol.py",
-        "deepdive/rollout.py",
         "deepdive/up.py",
         "services/base/cli.py",
         "services/base/files.py",

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deepdive.clients import close_clients
+from deepdive.generate import generate_with_tool
 from deepdive.local.config import LocalRunConfig
 from deepdive.local.prompts import sample_from_row
 from deepdive.local.trainer import Example
-from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.reward import reward_func
 from deepdive.sample import status_name
 
 # The services a batch is played against: this world's tool server and the reward server

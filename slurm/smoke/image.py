@@ -31,6 +31,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepdive.rollout_settings import GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH
 from slurm.config import ExperimentConfig
 from slurm.node.environment import CpuGrant, GpuGrant, cpus_given, gpus_given
 from slurm.smoke.context import SmokeContext
@@ -44,6 +45,13 @@ class Needed:
     module: str
     attribute: str  # "" = the module alone
     why: str
+
+    @classmethod
+    def at(cls, path: str, why: str) -> Needed:
+        """The function at a dotted path, split at its last dot as slime's `load_function`
+        splits our hook paths (slime/utils/misc.py:39-47), so the check names what slime loads."""
+        module, _, attribute = path.rpartition(".")
+        return cls(module, attribute, why)
 
     @property
     def name(self) -> str:
@@ -91,8 +99,8 @@ IMPORT_CLOSURE = (
     Needed("wandb", "", "imported by slime's logging (slime/observability/logging_utils.py:3)"),
     Needed("pylatexenc", "", "slime's math reward helpers (slime/rollout/rm_hub/math_utils.py:10)"),
     Needed("ray", "", "slime's actors"),
-    Needed("deepdive.rollout", "generate_with_tool", "our --custom-generate-function-path"),
-    Needed("deepdive.rollout", "reward_func", "our --custom-rm-path"),
+    Needed.at(GENERATE_FUNCTION_PATH, "our --custom-generate-function-path"),
+    Needed.at(REWARD_FUNCTION_PATH, "our --custom-rm-path"),
     Needed("deepdive.filters", "drop_uniform_groups", "our --dynamic-sampling-filter-path"),
 )
 # packages whose files the job's user must be able to read, wherever they are installed

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from deepdive.clients import close_clients  # noqa: E402
+from deepdive.generate import generate_with_tool  # noqa: E402
 from deepdive.local.engine import (  # noqa: E402
     GenerationRequest,
     GenerationResult,
@@ -24,7 +25,6 @@ from deepdive.local.model import new_model, train_tokenizer  # noqa: E402
 from deepdive.offline.build import write_world  # noqa: E402
 from deepdive.offline.world import WorldSizes  # noqa: E402
 from deepdive.protocol import TOOL_CALL_CLOSE  # noqa: E402
-from deepdive.rollout import generate_with_tool  # noqa: E402
 from deepdive.rollout_settings import RolloutSettings, rollout_args  # noqa: E402
 from deepdive.sample import LocalSample  # noqa: E402
 from services.base.secrets import TOKEN_ENV  # noqa: E402

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from deepdive.generate import generate_with_tool
 from deepdive.protocol import (
     TOOL_ERROR_KINDS,
     Failure,
@@ -24,7 +25,7 @@ from deepdive.protocol import (
     format_tool_call,
     tool_error_kind,
 )
-from deepdive.rollout import generate_with_tool, reward_request
+from deepdive.reward import reward_request
 from deepdive.sample import SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.base.errors import RequestError, UpstreamBadResponse

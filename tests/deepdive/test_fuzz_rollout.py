@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deepdive.clients import close_clients
+from deepdive.generate import generate_with_tool
 from deepdive.protocol import FINISH, find_tool_calls, format_tool_call
-from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.reward import reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn
 from services.reward_server.app import create_app as create_reward_app

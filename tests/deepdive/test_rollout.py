@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from deepdive.generate import generate_with_tool
 from deepdive.protocol import format_observation, format_tool_call
-from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.reward import reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn, logprob_of
 from services.serving.metrics import ServiceMetrics

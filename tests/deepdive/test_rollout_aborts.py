@@ -21,6 +21,7 @@ from rich.console import Console
 
 from deepdive.aborts import RolloutAborted, sglang_message
 from deepdive.clients import close_clients
+from deepdive.generate import generate_with_tool
 from deepdive.local.config import load_local_config
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import WORLD
@@ -29,7 +30,6 @@ from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.local.training import grpo_step
 from deepdive.messages import MESSAGE_CHARS, most_said
 from deepdive.protocol import format_tool_call
-from deepdive.rollout import generate_with_tool
 from deepdive.rollout_settings import (
     EVAL_LOG_FUNCTION_PATH,
     ROLLOUT_LOG_FUNCTION_PATH,

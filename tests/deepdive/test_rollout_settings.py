@@ -14,7 +14,8 @@ import pytest
 import yaml
 from hypothesis import strategies as st
 
-from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.generate import generate_with_tool
+from deepdive.reward import reward_func
 from deepdive.rollout_settings import (
     GENERATE_FUNCTION_PATH,
     REWARD_FUNCTION_PATH,

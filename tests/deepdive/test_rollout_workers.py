@@ -14,8 +14,8 @@ import httpx
 import orjson
 import pytest
 
+from deepdive.generate import generate_with_tool
 from deepdive.protocol import format_tool_call
-from deepdive.rollout import generate_with_tool
 from deepdive.routing import worker_for, worker_index
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn

@@ -14,8 +14,9 @@ from typing import Any
 import orjson
 import pytest
 
+from deepdive.generate import generate_with_tool
 from deepdive.protocol import format_tool_call
-from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.reward import reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.look_alike import look_alike_app
 from fakes.rollout_servers import create_app as fast_fakes

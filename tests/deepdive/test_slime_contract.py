@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from deepdive.generate import generate_with_tool
 from deepdive.protocol import format_tool_call
-from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.reward import reward_func
 from deepdive.sample import LocalSample, SampleStatus
 from fakes.sglang import FakeSGLang, ScriptedTurn, kept_ids
 from services.base.errors import ConfigError

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from deepdive.generate import generate_with_tool
 from deepdive.local.config import load_local_config
 from deepdive.local.context import RunContext
 from deepdive.local.episodes import WORLD
@@ -23,7 +24,6 @@ from deepdive.local.prompts import PromptSampler
 from deepdive.local.rollouts import InProcessRollouts, settings_for
 from deepdive.local.training import grpo_step
 from deepdive.protocol import TOOL_ERROR_KINDS, format_tool_call
-from deepdive.rollout import generate_with_tool
 from deepdive.rollout_settings import ROLLOUT_LOG_FUNCTION_PATH, RolloutKnobs, rollout_args
 from deepdive.run_paths import RunPaths
 from deepdive.sample import LocalSample, SampleStatus

@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from deepdive.agent_stats import agent_statistics
+from deepdive.generate import generate_with_tool
 from deepdive.protocol import format_tool_call
-from deepdive.rollout import generate_with_tool, reward_func
+from deepdive.reward import reward_func
 from deepdive.rollout_settings import (
     EVAL_LOG_FUNCTION_PATH,
     ROLLOUT_LOG_FUNCTION_PATH,

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from deepdive.clients import close_clients
+from deepdive.generate import call_tool
 from deepdive.protocol import ToolCall, ToolReply
-from deepdive.rollout import call_tool
 from deepdive.rollout_settings import RolloutSettings
 from services.base.process import ServiceProcess
 from services.base.waiting import wait_for

@@ -22,11 +22,13 @@ import orjson
 import pytest
 from pytest_httpserver import HTTPServer
 
+from deepdive.rollout_settings import GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH
 from services.base.errors import ConfigError
 from slurm.config import ExperimentConfig, ServicesTable
 from slurm.node.environment import CpuGrant, GpuGrant, gpus_given
 from slurm.smoke.context import SmokeContext, here
 from slurm.smoke.image import (
+    IMPORT_CLOSURE,
     Needed,
     cpu_check,
     gpu_check,
@@ -285,6 +287,15 @@ def test_a_missing_module_or_function_fails_naming_it() -> None:
     assert [check.ok for check in checks] == [True, False, False]
     assert "has no no_such_function" in checks[1].detail
     assert "No module named 'no_such_package_of_slime'" in checks[2].detail
+
+
+def test_the_image_check_imports_the_hooks_the_launcher_names() -> None:
+    """The closure checks the very paths slime is given (deepdive.rollout_settings), split where
+    slime's load_function splits them, so moving a hook cannot leave the check on the old path."""
+    paths = (GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH)
+    hooks = tuple(item for item in IMPORT_CLOSURE if item.name in paths)
+    assert [item.name for item in hooks] == list(paths)
+    assert [check.ok for check in import_checks(hooks)] == [True, True]
 
 
 def test_step_one_here_fails_naming_no_gpu_and_the_missing_slime(tmp_path: Path) -> None:

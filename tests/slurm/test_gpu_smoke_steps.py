@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from deepdive.rollout_settings import GENERATE_FUNCTION_PATH
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime
 from slurm.config import ExperimentConfig
@@ -376,7 +377,7 @@ def test_the_slime_recipe_passes_the_launchers_checks_and_follows_slimes_script(
     assert float(argv["--kl-loss-coef"]) == 0.0 and float(argv["--entropy-coef"]) == 0.0
     # this run's own: the node's GPUs (slime's default is 8), our hooks, the last rollout saved
     assert argv["--num-gpus-per-node"] == "4" and argv["--actor-num-gpus-per-node"] == "4"
-    assert argv["--custom-generate-function-path"] == "deepdive.rollout.generate_with_tool"
+    assert argv["--custom-generate-function-path"] == GENERATE_FUNCTION_PATH
     assert argv["--num-rollout"] == argv["--save-interval"] == str(slime_step.ROLLOUTS)
     assert config.slurm.nodes == 1 and config.services.host == "127.0.0.1"
     assert config.services.tools["corpus"] == "c.jsonl" and config.run.backend == "slime"

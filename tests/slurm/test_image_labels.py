@@ -62,7 +62,7 @@ def git(root: Path, *arguments: str) -> str:
 def checkout(tmp_path: Path) -> Path:
     """A project checkout: code, docs, configs, one commit."""
     root = tmp_path / "checkout"
-    for name in ("slurm/cli.py", "deepdive/rollout.py", "README.md", "configs/a.toml"):
+    for name in ("slurm/cli.py", "deepdive/generate.py", "README.md", "configs/a.toml"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"# {name}\n")
     (root / ".gitignore").write_text("__pycache__/\n")

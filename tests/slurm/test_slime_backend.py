@@ -16,7 +16,11 @@ import pytest
 import tomli_w
 import yaml
 
-from deepdive.rollout_settings import settings_from_args
+from deepdive.rollout_settings import (
+    GENERATE_FUNCTION_PATH,
+    REWARD_FUNCTION_PATH,
+    settings_from_args,
+)
 from services.base.errors import ConfigError, RuntimeFailure
 from slurm.backends import build_backend
 from slurm.backends.slime.args import custom_config, presets, render, slime_arguments
@@ -53,11 +57,10 @@ def test_the_recipe_passes_every_check_and_renders_as_recorded(world: dict[str, 
     check("slime_command.txt", placeholders(render(command, "/opt/slime"), world) + "\n")
     # the hooks are ours, the run folder holds the checkpoints, no --group-rm, ever
     arguments = command.arguments()
-    assert (
-        arguments[arguments.index("--custom-generate-function-path") + 1]
-        == "deepdive.rollout.generate_with_tool"
+    assert arguments[arguments.index("--custom-generate-function-path") + 1] == (
+        GENERATE_FUNCTION_PATH
     )
-    assert arguments[arguments.index("--custom-rm-path") + 1] == "deepdive.rollout.reward_func"
+    assert arguments[arguments.index("--custom-rm-path") + 1] == REWARD_FUNCTION_PATH
     folder = str(world["root"] / "run" / "slime_checkpoints")
     assert (
         arguments[arguments.index("--save") + 1]
@@ -254,10 +257,10 @@ def test_a_cluster_note_without_a_nodes_urls_is_named(world: dict[str, Path]) ->
         ),
         (
             ['slime.extra_args=["--custom-generate-function-path=my.generate"]'],
-            "--custom-generate-function-path: the launcher sets it (deepdive.rollout.",
+            f"--custom-generate-function-path: the launcher sets it ({GENERATE_FUNCTION_PATH})",
         ),
         (
-            ['slime.extra_args=["--custom-rm-path", "deepdive.rollout.reward_func"]'],
+            [f'slime.extra_args=["--custom-rm-path", "{REWARD_FUNCTION_PATH}"]'],
             "--custom-rm-path: the launcher sets it",
         ),
         (

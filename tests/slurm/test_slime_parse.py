@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from deepdive.rollout_settings import GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH
 from services.base.errors import ConfigError
 from slurm.backends.slime.args import slime_arguments
 from slurm.backends.slime.checks import check_slime
@@ -137,8 +138,8 @@ def meant(config: ExperimentConfig) -> dict[str, Any]:
         else "random",
         "kl_loss_coef": float(slime.algorithm.kl_loss_coef),
         "eps_clip_high": float(slime.algorithm.eps_clip_high),
-        "custom_generate_function_path": "deepdive.rollout.generate_with_tool",
-        "custom_rm_path": "deepdive.rollout.reward_func",
+        "custom_generate_function_path": GENERATE_FUNCTION_PATH,
+        "custom_rm_path": REWARD_FUNCTION_PATH,
     }
 
 

@@ -16,7 +16,7 @@ lightseekorg/smg, commit c7f9bf9f5 "[smg] release 0.3.2", 2026-01-15):
   src/policies/manual.rs:194-207): a key seen before goes to the engine it was given while that
   engine is healthy (manual.rs:161-181), a new key by the assignment mode, `min_load` the engine
   with the fewest requests in flight (manual.rs:152-157, 290-291). Our rollout sends the
-  episode's session id in that header on every turn (deepdive/rollout.py, `generate_turn`).
+  episode's session id in that header on every turn (deepdive/generate.py, `generate_turn`).
 - `consistent_hashing`, which slime's docs recommend for multi-turn agents
   (docs/en/advanced/sglang-config.md:299-316), exists in 0.3.2's Rust (src/policies/
   consistent_hashing.rs) but not among its command line's choices

@@ -63,7 +63,7 @@ def _call(name: str, **arguments: Any) -> str:
 
 def played(turns: list[tuple[str, str | None]]) -> tuple[str, list[dict[str, Any]]]:
     """A response as the rollout builds it from (model text, observation) turns, and its turn
-    log (deepdive/rollout.py's `turn_log`: each turn's text and observation lengths, the call
+    log (deepdive/episode.py's `turn_log`: each turn's text and observation lengths, the call
     the protocol parsed or why it did not), which the recorder cuts the response by."""
     response, log = "", []
     for text, observation in turns:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from deepdive.rollout_modes import DATA_SOURCE_PATH, fully_async
+from deepdive.rollout_settings import GENERATE_FUNCTION_PATH
 from services.base.errors import ConfigError
 from slurm.backends.slime import DATA_PACKAGE
 from slurm.backends.slime.args import (
@@ -73,7 +74,7 @@ CONFIG_KEYS = {
 REFUSED = {
     "--group-rm": "slime's evaluation asserts against group RM, and reward_func already "
     "batches each group (slime/rollout/sglang_rollout.py, lines 477 and 499)",
-    "--partial-rollout": "deepdive.rollout cannot continue an aborted multi-turn episode",
+    "--partial-rollout": f"{GENERATE_FUNCTION_PATH} cannot continue an aborted multi-turn episode",
 }
 
 
@@ -282,7 +283,7 @@ def _check_rollout_function(arguments: list[str]) -> None:
         _fail(
             "slime.extra_args",
             f"--rollout-function-path {rollout}: the fully-async rollout continues aborted "
-            "episodes, which deepdive.rollout cannot, and its worker thread only logs the "
+            f"episodes, which {GENERATE_FUNCTION_PATH} cannot, and its worker thread only logs the "
             "hook's refusal, so the run would wait until its time limit; use slime's default",
         )
     if values.get("--data-source-path", DATA_SOURCE_PATH) != DATA_SOURCE_PATH:

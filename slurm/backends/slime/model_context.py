@@ -4,7 +4,7 @@ that every episode fits in it.
 SGLang refuses a request whose input reaches its context length, or whose input plus
 max_new_tokens passes it (python/sglang/srt/managers/tokenizer_manager.py,
 `_validate_one_request`, SGLang 0.5.15.post1). Our rollout keeps prompt + response within
-`max_context_len` (deepdive/rollout.py), so every request is served only when
+`max_context_len` (deepdive/generate.py), so every request is served only when
 `max_context_len` <= the context SGLang serves. Otherwise every turn gets a 400, every episode
 is ABORTED and scores 0.
 

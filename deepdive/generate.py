@@ -1,13 +1,13 @@
-"""The multi-turn tool rollout for slime: `--custom-generate-function-path
-deepdive.rollout.generate_with_tool` and `--custom-rm-path deepdive.rollout.reward_func`.
+"""slime's generate hook: `--custom-generate-function-path deepdive.generate.generate_with_tool`
+plays one multi-turn tool episode per sample (the reward hook is deepdive.reward).
 
 Per turn: send the token ids so far to SGLang's /generate (token in, token out: the model's own
 tokens are never re-tokenised), stop at the end of a tool call, parse it with the shared
 protocol, run it on the tool server (on the one worker of one node's tool server that the
 episode's prompt picks: deepdive.routing), and append the observation as tokens with loss mask 0
-and log-probability 0.0. Each turn's max_new_tokens shrinks so prompt + response never exceed the
-context, and an episode whose next input SGLang's scheduler would abort (context - 6 tokens and
-more) ends TRUNCATED first. `finish` ends the episode.
+and log-probability 0.0 (deepdive.episode). Each turn's max_new_tokens shrinks so prompt +
+response never exceed the context, and an episode whose next input SGLang's scheduler would
+abort (context - 6 tokens and more) ends TRUNCATED first. `finish` ends the episode.
 
 Statuses: COMPLETED (finish called), TRUNCATED (turn limit, context or response budget),
 FAILED (malformed call under on_malformed=fail, or a turn without a call), ABORTED (SGLang
@@ -17,25 +17,22 @@ trains: deepdive.aborts). With --rollout-top-p < 1 each model turn's kept token 
 stored as slime's trainer replays them (deepdive.top_p). --partial-rollout and the
 fully-async rollout, which continue aborted episodes, are refused (deepdive.rollout_modes).
 
-Nothing raises out of either hook but a misconfiguration: a tool or reward server URL that is
-not ours (deepdive.service_check) raises ConfigError naming its setting, so the run stops
-instead of training on tool-error observations and zero rewards.
+Nothing raises out of the hook but a misconfiguration: a tool server URL that is not ours
+(deepdive.service_check) raises ConfigError naming its setting, so the run stops instead of
+training on tool-error observations.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from deepdive.aborts import abort_reason, keep_out_of_training, sglang_refusal
 from deepdive.clients import service_client
-from deepdive.messages import one_line
+from deepdive.episode import RolloutStats, Trajectory, Turn
 from deepdive.observation_tokens import observation_tokens
 from deepdive.protocol import (
     BROWSING_TOOLS,
@@ -43,32 +40,24 @@ from deepdive.protocol import (
     TOOL_CALL_CLOSE,
     TOOL_SERVER_FAILED,
     Failure,
-    RewardReply,
-    RewardRequest,
     ToolCall,
     ToolReply,
     ToolRequest,
     find_tool_calls,
     format_observation,
-    reward_labels,
 )
 from deepdive.rollout_modes import refuse_unsupported_modes
 from deepdive.rollout_settings import TOKENIZER_ARG, RolloutSettings, settings_from_args
-from deepdive.routing import node_for, tool_worker_for
-from deepdive.sample import status_name, status_of
-from deepdive.service_check import REWARD_SERVER, TOOL_SERVER, checked_client
-from deepdive.tool_errors import TOOL_ERROR_CHARS
+from deepdive.routing import tool_worker_for
+from deepdive.sample import forbidden_texts, reward_shaped, status_of
+from deepdive.service_check import TOOL_SERVER, checked_client
 from deepdive.top_p import TopPSpans, requested, turn_spans
-from services.base.errors import (
-    ConfigError,
-    DeepDiveError,
-    RequestError,
-    UpstreamBadResponse,
-    UpstreamError,
-)
+from services.base.errors import ConfigError, DeepDiveError, UpstreamBadResponse, UpstreamError
 from services.base.logs import log_event
 from services.client.http import Upstream, decode_json_object
 
+# the rollout's logger, which both hooks log to (deepdive.reward too): the name that the log
+# lines, and whatever filters them, have always had
 logger = logging.getLogger("deepdive.rollout")
 # SGLang's scheduler aborts an input of max_req_input_len = max_req_len - 5 tokens or more,
 # max_req_len = min(context_len - 1, the KV pool - 1) (python/sglang/srt/managers/scheduler.py
@@ -110,112 +99,6 @@ def render_prompt(sample: Any, tokenizer: Any) -> str:
     raise ConfigError(
         "sample.prompt must be text, or messages with a tokenizer that has a chat template"
     )
-
-
-def forbidden_texts(sample: Any) -> tuple[str, ...]:
-    """The texts the tool server's leakage filter and the reward's question come from (the
-    row's metadata.remote_env_info.forbidden_texts, as `deepdive convert` writes it); a value
-    of another shape is sent as it is, for the servers to refuse by name."""
-    env = (sample.metadata or {}).get("remote_env_info") or {}
-    texts = env.get("forbidden_texts") if isinstance(env, dict) else None
-    if not texts:
-        return ()
-    return tuple(texts) if isinstance(texts, list | tuple) else (texts,)
-
-
-@dataclass
-class Trajectory:
-    """The growing episode. `tokens` is prompt + response, one running list (sent as it is to
-    /generate every turn, never rebuilt); the response's loss mask and log-probs stay as long as
-    the response, always."""
-
-    tokens: list[int]
-    prompt_length: int = 0
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)
-    top_p: TopPSpans | None = None  # with --rollout-top-p < 1 (deepdive.top_p)
-
-    @classmethod
-    def from_prompt(cls, prompt_ids: list[int]) -> Trajectory:
-        return cls(tokens=list(prompt_ids), prompt_length=len(prompt_ids))
-
-    def add_model_turn(self, turn: Turn) -> None:
-        self.tokens += turn.ids
-        self.mask += [1] * len(turn.ids)
-        self.logprobs += turn.logprobs
-        self.parts.append(turn.text)
-        if self.top_p is not None and turn.top_p is not None:
-            self.top_p.add_turn(*turn.top_p)
-
-    def add_observation(self, ids: Sequence[int], text: str) -> None:
-        self.tokens += ids
-        self.mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.parts.append(text)
-        if self.top_p is not None:
-            self.top_p.add_empty(len(ids))
-
-    @property
-    def response_length(self) -> int:
-        return len(self.tokens) - self.prompt_length
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-
-_TOOL_ERROR_WORDS = 3  # distinct messages kept per episode: what the tools said, not a log
-
-
-@dataclass
-class RolloutStats:
-    """An episode's statistics, kept in sample.metadata["deepdive"]. `tool_errors` counts the
-    tool calls that failed, by kind (deepdive.protocol.TOOL_ERROR_KINDS; the model's own
-    mistakes are none), and `tool_error_words` what the tools said, by message."""
-
-    turns: int = 0
-    tool_calls: Counter[str] = field(default_factory=Counter)
-    generation_s: float = 0.0
-    tool_s: float = 0.0
-    error: str | None = None
-    tool_errors: Counter[str] = field(default_factory=Counter)
-    tool_error_words: Counter[str] = field(default_factory=Counter)
-    # per model turn, where its text and its observation lie in sample.response and what the
-    # call was (deepdive.trajectory_recorder reads it): a few small fields, not the texts
-    turn_log: list[dict[str, Any]] = field(default_factory=list)
-
-    def count_tool_error(self, reply: ToolReply) -> None:
-        kind = reply.error_kind
-        if kind is None or reply.error is None:
-            return
-        self.tool_errors[kind] += 1
-        said = one_line(reply.error.message, TOOL_ERROR_CHARS)
-        if said in self.tool_error_words or len(self.tool_error_words) < _TOOL_ERROR_WORDS:
-            self.tool_error_words[said] += 1
-
-    def as_dict(self, evaluation: bool) -> dict[str, Any]:
-        return {
-            "turns": self.turns,
-            "tool_calls": dict(self.tool_calls),
-            "tool_errors": dict(self.tool_errors),
-            "tool_error_words": dict(self.tool_error_words),
-            "error": self.error,
-            "generation_s": round(self.generation_s, 4),
-            "tool_s": round(self.tool_s, 4),
-            "evaluation": evaluation,
-            "turn_log": self.turn_log,
-        }
-
-
-@dataclass(frozen=True)
-class Turn:
-    ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-    top_p: tuple[list[int], list[int]] | None = None  # kept ids and offsets, when asked for
-    abort: str | None = None  # why SGLang aborted the turn, in its words (deepdive.aborts)
 
 
 async def generate_turn(
@@ -472,127 +355,3 @@ def _finish_sample(
         error=stats.error,
     )
     return sample
-
-
-def reward_request(sample: Any) -> RewardRequest:
-    """What the reward server judges of an episode: its trajectory, the label with the row's
-    aliases, whether it finished, and the forbidden texts (the question). Raises RequestError
-    for a label that is neither text nor a number (the server would refuse it)."""
-    metadata = sample.metadata or {}
-    return RewardRequest(
-        sample.response,
-        reward_labels(sample.label, metadata.get("aliases")),
-        client_unfinished=status_name(sample) != "COMPLETED",
-        prompt=sample.prompt,
-        forbidden_texts=forbidden_texts(sample),
-    )
-
-
-def reward_shaped(args: Any, value: float) -> Any:
-    """A reward in the shape slime reads it: the number, or, with --reward-key (and
-    --eval-reward-key), a dict holding it under each key, since slime then looks it up by key
-    (slime/utils/types.py, `get_reward_value`, lines 246-247; slime/rollout/sglang_rollout.py,
-    lines 617-620, for evaluation)."""
-    keys = {getattr(args, name, None) for name in ("reward_key", "eval_reward_key")}
-    named = sorted(key for key in keys if isinstance(key, str) and key)
-    return {key: value for key in named} if named else value
-
-
-async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
-    """slime's custom reward: the reward server's strict binary reward (batch form for a group).
-
-    Each sample's reward comes from the reward server of its prompt's node (deepdive.routing),
-    the node its tool calls went to: a batch is sent as one call per node. An aborted sample,
-    a sample without a label or an unreachable reward server scores 0.0, and the reason is
-    kept in sample.metadata["reward_details"]. When a batch call fails, each of its samples
-    is asked for on its own, so one item the server cannot take never costs the group its
-    other rewards. Raises only ConfigError: a URL that is not our reward server's.
-    """
-    samples = sample if isinstance(sample, list) else [sample]
-    replies = [RewardReply.failed("not_judged", "aborted or unlabelled")] * len(samples)
-    requests: dict[int, RewardRequest] = {}
-    for i, s in enumerate(samples):
-        if status_name(s) != "ABORTED" and s.label:
-            try:
-                requests[i] = reward_request(s)
-            except RequestError as error:
-                replies[i] = RewardReply.failed(error.code, f"the sample's {error.message}")
-    if requests:
-        settings = settings_from_args(args)
-        by_node: dict[str, list[int]] = {}
-        for i in requests:
-            url = node_for(_routing_text(samples[i]), settings.reward_server_urls)
-            by_node.setdefault(url, []).append(i)
-        answers = await asyncio.gather(
-            *(
-                _node_rewards(settings, url, [requests[i] for i in indices])
-                for url, indices in by_node.items()
-            )
-        )
-        for indices, results in zip(by_node.values(), answers, strict=True):
-            for i, result in zip(indices, results, strict=True):
-                replies[i] = result
-    for s, reply in zip(samples, replies, strict=True):
-        s.metadata = {**(s.metadata or {}), "reward_details": reply.as_json()}
-    shaped = [reward_shaped(args, float(reply.reward)) for reply in replies]
-    return shaped if isinstance(sample, list) else shaped[0]
-
-
-def _routing_text(sample: Any) -> str:
-    """The prompt the sample's episode was routed by (`generate_with_tool` leaves the rendered
-    text in sample.prompt); any other prompt by its repr, so a group still picks one node."""
-    prompt = sample.prompt
-    return prompt if isinstance(prompt, str) else repr(prompt)
-
-
-async def _node_rewards(
-    settings: RolloutSettings, url: str, requests: list[RewardRequest]
-) -> list[RewardReply]:
-    """The reward server at `url`'s answers for `requests`: one batch call, or, when it fails,
-    one call per request. Raises only ConfigError."""
-    client = await checked_client(REWARD_SERVER, url, settings.reward_timeout_s, settings.retries)
-    payloads = [request.as_json() for request in requests]
-    try:
-        results = await _evaluate_batch(client, payloads, settings.reward_timeout_s)
-    except ConfigError:
-        raise  # a wrong URL: the run stops
-    except DeepDiveError as error:
-        log_event(
-            logger, "reward_failed", logging.WARNING, error=error.message, samples=len(requests)
-        )
-        results = [_error_result(error)] if len(payloads) == 1 else []
-    if not results:  # the batch failed: each sample on its own
-        results = list(
-            await asyncio.gather(
-                *(_evaluate_one(client, p, settings.reward_timeout_s) for p in payloads)
-            )
-        )
-    return results
-
-
-async def _evaluate_batch(
-    client: Upstream, payloads: list[dict[str, Any]], timeout_s: float
-) -> list[RewardReply]:
-    reply = await client.send(
-        "POST", "/evaluate/batch", json=payloads, deadline=time.monotonic() + timeout_s
-    )
-    results = decode_json_object(b'{"items": ' + reply.content + b"}", "reward_server")["items"]
-    if not isinstance(results, list) or len(results) != len(payloads):
-        raise UpstreamBadResponse("reward_server", "the batch reply does not match the request")
-    return [RewardReply.parse(result) for result in results]
-
-
-async def _evaluate_one(client: Upstream, payload: dict[str, Any], timeout_s: float) -> RewardReply:
-    try:
-        reply = await client.send(
-            "POST", "/evaluate", json=payload, deadline=time.monotonic() + timeout_s
-        )
-        return RewardReply.parse(decode_json_object(reply.content, "reward_server"))
-    except ConfigError:
-        raise
-    except DeepDiveError as error:
-        return _error_result(error)
-
-
-def _error_result(error: DeepDiveError) -> RewardReply:
-    return RewardReply.failed(error.code, error.message)

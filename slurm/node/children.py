@@ -20,6 +20,8 @@ from slurm.node.ray_cluster import RayNode
 
 @dataclass
 class NodeChildren:
+    """Filled by the phases as they launch; the watch reads it, the teardown stops it."""
+
     services: list[ServiceProcess] = field(default_factory=list)
     ray: RayNode | None = None
     trainer: subprocess.Popen[bytes] | None = None

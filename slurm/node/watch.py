@@ -38,6 +38,9 @@ FINAL_EVENTS = {"stopped", "end", "failed", "finished_already"}
 
 
 class NodeWatch:
+    """One node's watch: every wait of its phases checks through it, and its SIGTERM handler
+    is what tells a job ending on purpose from a child dying."""
+
     def __init__(
         self,
         node: NodeInfo,

@@ -18,9 +18,9 @@
 
 Every phase is timestamped in the node's phase log. A node that fails leaves a note naming
 itself, the phase and why, and exits non-zero; every node watches for such notes (and for its
-own children dying) between polls, so one failure ends the whole job in seconds, and srun's
---kill-on-bad-exit ends whatever is left. Children die with their node (PR_SET_PDEATHSIG) and
-are stopped by PID, never by name.
+own children dying) between polls (slurm/node/watch.py), so one failure ends the whole job in
+seconds, and srun's --kill-on-bad-exit ends whatever is left. Children die with their node
+(PR_SET_PDEATHSIG) and are stopped by PID, never by name (slurm/node/children.py).
 
 Preemption and timeouts follow submitit's protocol: Slurm sends its warning (SIGURG,
 `--signal`: slurm/requeue.py), submitit calls `NodeJob.checkpoint` on node 0, which first lets
@@ -45,45 +45,37 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import submitit
 
 from deepdive.save_timing import SAVE_TIMING_ENV
-from services.base.errors import DeepDiveError
 from services.base.logs import configure_logging, log_event
-from services.base.process import ServiceProcess, child_preexec, terminate
+from services.base.process import ServiceProcess, child_preexec
 from services.base.secrets import TOKEN_ENV, load_secrets
 from services.base.waiting import wait_for
 from slurm import requeue
 from slurm.backends import Backend, ServiceSpec, build_backend
 from slurm.cluster_note import ClusterNote, node_from_ready, write_cluster
 from slurm.config import NODE_ADDRESS, ExperimentConfig
-from slurm.node.cadence import LONG_POLL_S, START_POLL_S, Cadence
+from slurm.node.children import NodeChildren
 from slurm.node.egress import ProbeResult, Upstreams, probe_egress
 from slurm.node.environment import NodeInfo, current_node
 from slurm.node.network import ROUTE, node_address
-from slurm.node.phases import NodeFailed, PhaseLog, Stopping, last_phase, read_phases
+from slurm.node.phases import NodeFailed, PhaseLog, Stopping
 from slurm.node.ports import NodePorts, plan_node_ports, worker_ports_needed
 from slurm.node.preemption import WarnedSave
 from slurm.node.process_start import process_started_at
 from slurm.node.ray_cluster import RAY_ENVIRONMENT, RayNode
-from slurm.run_folder import read_json, write_json
+from slurm.node.watch import FOREVER, NodeWatch
+from slurm.run_folder import write_json
 
 logger = logging.getLogger("deepdive.job")
-FOREVER = float("inf")
 # A failure drill, to see what a job says when a node cannot start its services:
 # DEEPDIVE_DRILL=services@1 (in the environment `deepdive submit` runs in) starts node 1's
 # services with an argument they refuse, so they exit at start-up as a broken one would.
 DRILL_ENV = "DEEPDIVE_DRILL"
 DRILL_ARGUMENT = "--refused-by-a-failure-drill"
-# While the node starts, a child that dies is named by its own phase (services, ray).
-STARTING = {"secrets", "storage", "ports", "launch", "ray", "services"}
-# A node told to stop by Slurm says so in its phase log within a second or two; one that has
-# not after this long (from node 0's own SIGTERM) died before Slurm ended the job.
-PEER_WORD_S = 3.0
-FINAL_EVENTS = {"stopped", "end", "failed", "finished_already"}
 
 
 class NodeJob(submitit.helpers.Checkpointable):
@@ -109,7 +101,7 @@ class NodeJob(submitit.helpers.Checkpointable):
         try:
             code = bootstrap.run()
         except SystemExit:  # submitit's handler ends node 0 after asking for the requeue
-            bootstrap.wait_for_peers_to_stop()
+            bootstrap.watch.wait_for_peers_to_stop()
             raise
         if code:
             sys.exit(code)  # the trainer's exit code is the job's
@@ -150,17 +142,18 @@ class NodeBootstrap:
         self.attempt = self.run_folder.attempt(node.attempt)
         self.backend: Backend = build_backend(config)
         self.phases = PhaseLog(self.attempt.phases(node.node), node.node, node.attempt)
-        self.services: list[ServiceProcess] = []
+        self.children = NodeChildren()  # what the phases start, for the watch and the teardown
         self.service_specs: dict[str, ServiceSpec] = {}
-        self.ray: RayNode | None = None
-        self.trainer: subprocess.Popen[bytes] | None = None
-        self.terminating = False
         self.clock = clock
-        self.terminated_at = 0.0
-        # the shared file system: read at once while the job starts, every few seconds after
-        self.shared = Cadence(START_POLL_S, clock)
-        self.ray_logs = Cadence(LONG_POLL_S, clock)  # Ray's worker logs, on local disk
-        self._shared_fresh = True
+        self.watch = NodeWatch(
+            node,
+            self.attempt,
+            self.phases,
+            self.children,
+            join_timeout_s=config.bootstrap.join_timeout_s,
+            stop_timeout_s=config.bootstrap.stop_timeout_s,
+            clock=clock,
+        )
 
     @functools.cached_property
     def address(self) -> str:
@@ -173,7 +166,7 @@ class NodeBootstrap:
     def run(self) -> int:
         with node_console(self.attempt.node_log(self.node.node)):
             configure_logging("INFO")
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            signal.signal(signal.SIGTERM, self.watch.on_sigterm)
             node = self.node
             self.phases.record(
                 "job",
@@ -202,8 +195,8 @@ class NodeBootstrap:
                     reason = f"{type(error).__name__}: {error}"
                     return self._failed(NodeFailed(node.node, self.phases.current, reason))
             if stopped:
-                if node.is_head and self.terminating:
-                    self._name_silent_peers()
+                if node.is_head and self.watch.terminating:
+                    self.watch.name_silent_peers()
                 return 0
             self.phases.record("job", "end", exit_code=code)
             return code
@@ -242,15 +235,16 @@ class NodeBootstrap:
         with self.phases.phase("services"):
             urls = self._services_ready()
         with self.phases.phase("ray"):
-            assert self.ray is not None
-            self.ray.wait_started(self.config.bootstrap.join_timeout_s, check=self._check)
+            ray = self.children.ray
+            assert ray is not None
+            ray.wait_started(self.config.bootstrap.join_timeout_s, check=self.watch.check)
         write_json(
             self.attempt.ready(node.node),
             {
                 "node": node.node,
                 "host": node.hostname,
                 "slurm_node": node.node_name,
-                "ray": self.ray.address,
+                "ray": ray.address,
                 "services": urls,
                 "ports": {
                     **{
@@ -264,8 +258,8 @@ class NodeBootstrap:
         )
         if not node.is_head:
             with self.phases.phase("serving"):
-                self.shared.slow_down()
-                end = self._wait_for_note(self.attempt.end, "the end of the job", FOREVER)
+                self.watch.slow_down()
+                end = self.watch.wait_for_note(self.attempt.end, "the end of the job", FOREVER)
             if end.get("stopped"):
                 raise Stopping("node 0 stopped the job")
             return 0
@@ -274,11 +268,11 @@ class NodeBootstrap:
         with self.phases.phase("training"):
             with self.phases.phase("join"):
                 self._join()
-            if self.trainer is None:
+            if self.children.trainer is None:
                 self.backend.before_training(self.attempt)  # reads cluster.json
                 self._start_trainer(environment)
-            self.shared.slow_down()
-            code = self._wait_for_trainer()
+            self.watch.slow_down()
+            code = self.watch.wait_for_trainer(self.backend.while_training)
         write_json(self.attempt.end, {"exit_code": code, "t": time.time()})
         if code == 0:
             write_json(self.run_folder.finished, {"attempt": node.attempt, "t": time.time()})
@@ -299,10 +293,10 @@ class NodeBootstrap:
             summary = self.backend.prepare()
             write_json(self.attempt.data, {"t": time.time(), "summary": _brief(summary)})
         else:
-            head = self._wait_for_note(self.attempt.head, "the Ray head's address")
+            head = self.watch.wait_for_note(self.attempt.head, "the Ray head's address")
             self._check_on_the_heads_host(str(head.get("host", "")))
             self._launch_ray(ports, environment, head=str(head["address"]))
-            self._wait_for_note(self.attempt.data, "node 0's data")
+            self.watch.wait_for_note(self.attempt.data, "node 0's data")
         self._launch_services(ports, environment)
         if self.node.is_head and self.backend.starts_early:
             self._start_trainer(environment)
@@ -340,13 +334,13 @@ class NodeBootstrap:
         if self.node.is_head:
             nonces = {}
             for other in range(self.node.num_nodes):
-                note = self._wait_for_note(
+                note = self.watch.wait_for_note(
                     self.attempt.storage_probe(other), f"node {other}'s storage probe"
                 )
                 nonces[str(other)] = note["nonce"]
             write_json(seen, nonces)
             return
-        answer = self._wait_for_note(seen, "node 0's answer to the storage probes")
+        answer = self.watch.wait_for_note(seen, "node 0's answer to the storage probes")
         if answer.get(str(self.node.node)) != nonce:
             raise NodeFailed(
                 self.node.node,
@@ -363,7 +357,7 @@ class NodeBootstrap:
 
     def _launch_ray(self, ports: NodePorts, environment: dict[str, str], head: str | None) -> None:
         logs = self.attempt.node_logs(self.node.node)
-        self.ray = RayNode(
+        ray = self.children.ray = RayNode(
             node=self.node.node,
             node_ip=self.address,
             ports=ports,
@@ -377,8 +371,8 @@ class NodeBootstrap:
             head_wait_s=self.config.bootstrap.join_timeout_s,
         )
         if head is None:  # where the others join, before it is up
-            write_json(self.attempt.head, {"address": self.ray.address, "host": self.node.hostname})
-        self.ray.launch()
+            write_json(self.attempt.head, {"address": ray.address, "host": self.node.hostname})
+        ray.launch()
 
     def _launch_services(self, ports: NodePorts, environment: dict[str, str]) -> None:
         host = (
@@ -401,7 +395,7 @@ class NodeBootstrap:
                 environment=environment,
                 port=first,
             )
-            self.services.append(service)
+            self.children.services.append(service)
             self.service_specs[spec.name] = spec
             service.launch()
 
@@ -409,10 +403,12 @@ class NodeBootstrap:
         """Every service answering /ready, then a tool server on the internet probed (one real
         search and one real read: slurm/node/egress.py): the services' URLs other nodes use."""
         urls = {  # each service's workers' URLs
-            service.name: [reachable(url, self.address) for url in service.wait_ready(self._check)]
-            for service in self.services
+            service.name: [
+                reachable(url, self.address) for url in service.wait_ready(self.watch.check)
+            ]
+            for service in self.children.services
         }
-        for service in self.services:
+        for service in self.children.services:
             spec = self.service_specs[service.name]
             if spec.service == "tools":
                 self._probe_egress(service, Upstreams.of(spec.config))
@@ -450,7 +446,10 @@ class NodeBootstrap:
         thread = threading.Thread(target=probe, name="egress-probe", daemon=True)
         thread.start()
         wait_for(
-            lambda: bool(outcome), timeout_s=FOREVER, what="the egress probe", check=self._check
+            lambda: bool(outcome),
+            timeout_s=FOREVER,
+            what="the egress probe",
+            check=self.watch.check,
         )
         result = outcome[0]
         if isinstance(result, BaseException):
@@ -462,11 +461,12 @@ class NodeBootstrap:
         handed, in cluster.json (slurm.cluster_note)."""
         nodes = []
         for other in range(self.node.num_nodes):
-            note = self._wait_for_note(self.attempt.ready(other), f"node {other} to be ready")
+            note = self.watch.wait_for_note(self.attempt.ready(other), f"node {other} to be ready")
             nodes.append(node_from_ready(other, note["services"]))
-        assert self.ray is not None
+        ray = self.children.ray
+        assert ray is not None
         write_cluster(
-            self.attempt.cluster, ClusterNote(self.node.attempt, self.ray.address, tuple(nodes))
+            self.attempt.cluster, ClusterNote(self.node.attempt, ray.address, tuple(nodes))
         )
 
     def _start_trainer(self, environment: dict[str, str]) -> None:
@@ -474,14 +474,15 @@ class NodeBootstrap:
         self.run_folder.record_command(command)
         resume = self.backend.resume_point()
         log_event(logger, "trainer", resume=resume or "fresh", command=shlex.join(command))
-        assert self.ray is not None
-        self.trainer = subprocess.Popen(  # noqa: S603 (the backend's command, no shell)
+        ray = self.children.ray
+        assert ray is not None
+        self.children.trainer = subprocess.Popen(  # noqa: S603 (the backend's command, no shell)
             command,
             env={
                 **os.environ,
                 **environment,
                 **RAY_ENVIRONMENT,
-                "RAY_ADDRESS": self.ray.address,
+                "RAY_ADDRESS": ray.address,
                 SAVE_TIMING_ENV: str(self.run_folder.save_timing),  # slurm/node/preemption.py
             },
             cwd=self.backend.working_directory(),
@@ -489,113 +490,7 @@ class NodeBootstrap:
         )
         self.phases.record("trainer_started", "event")
 
-    def _wait_for_trainer(self) -> int:
-        trainer = self.trainer
-        assert trainer is not None
-        housekeeping = Cadence(LONG_POLL_S, self.clock)
-
-        def check() -> None:
-            self._check()
-            if housekeeping.due():
-                self.backend.while_training()  # slime: checkpoint retention
-
-        wait_for(
-            lambda: trainer.poll() is not None,
-            timeout_s=FOREVER,
-            what="the trainer",
-            check=check,
-        )
-        if self.terminating:  # it got Slurm's SIGTERM with everything else
-            raise Stopping("Slurm is ending the job (SIGTERM)")
-        return trainer.returncode
-
-    # -- watching ------------------------------------------------------------------------------
-
-    def _check(self) -> None:
-        """Between polls: give up when another node failed, the job is ending, or one of this
-        node's own children died (the shared file system only when its cadence says)."""
-        if self.shared.due():
-            self._check_shared()
-            self._shared_fresh = True  # a note awaited may be read in the next round
-        trainer = self.trainer  # it may start before the training phase (starts_early)
-        early = self.phases.current != "training"  # there, _wait_for_trainer reads its exit
-        if trainer is not None and trainer.poll() is not None and early:
-            if self.terminating:
-                raise Stopping("Slurm is ending the job (SIGTERM)")
-            raise NodeFailed(
-                self.node.node,
-                "training",
-                f"the trainer exited with status {trainer.returncode} before every node was "
-                f"ready (its output is in {self.attempt.node_log(self.node.node)})",
-            )
-        failures = [(service.failure(), "services") for service in self.services]
-        if self.ray is not None and not self.ray.alive():
-            failures.append((f"ray exited; its log ends with:\n{self.ray.log_tail()}", "ray"))
-        if self.ray is not None and self.ray_logs.due():
-            failures.append((self.ray.worker_port_exhaustion(), "ray"))
-        dead = [(reason, phase) for reason, phase in failures if reason is not None]
-        if dead and self.terminating:
-            raise Stopping("Slurm is ending the job (SIGTERM)")
-        if dead:
-            reason, phase = dead[0]
-            if self.phases.current not in STARTING:
-                phase = self.phases.current
-            raise NodeFailed(self.node.node, phase, reason)
-
-    def _check_shared(self) -> None:
-        """The other nodes' news: a failure note, or node 0 stopping the job."""
-        for failure in self.attempt.failures():
-            if failure.get("node") != self.node.node:
-                raise NodeFailed(int(failure["node"]), str(failure["phase"]), str(failure["error"]))
-        end = read_json(self.attempt.end)
-        if isinstance(end, dict) and end.get("stopped"):
-            raise Stopping("the job is being stopped (preemption or time limit)")
-
-    def _wait_for_note(
-        self, path: Path, what: str, timeout_s: float | None = None
-    ) -> dict[str, Any]:
-        def probe() -> dict[str, Any] | None:
-            if not self._shared_fresh:  # read with the other nodes' news, at their cadence
-                return None
-            self._shared_fresh = False
-            note = read_json(path)
-            return note if isinstance(note, dict) else None
-
-        limit = self.config.bootstrap.join_timeout_s if timeout_s is None else timeout_s
-        try:
-            return wait_for(probe, timeout_s=limit, what=f"waiting for {what}", check=self._check)
-        except DeepDiveError as error:
-            if isinstance(error, NodeFailed):
-                raise
-            raise NodeFailed(self.node.node, self.phases.current, error.message) from None
-
-    def _name_silent_peers(self) -> None:
-        """Slurm ended the job: if a node did not say why (no stop, end or failure in its phase
-        log within PEER_WORD_S of the SIGTERM), it died first and srun ended the others
-        (--kill-on-bad-exit). Leave the failure note it could not, naming it and its phase, so
-        `deepdive status` tells its death from a cancel long after Slurm forgets the job."""
-        deadline = self.terminated_at + PEER_WORD_S
-        while True:
-            silent = [
-                other
-                for other in range(self.node.num_nodes)
-                if other != self.node.node and not self._has_word(other)
-            ]
-            if not silent or self.clock() >= deadline:
-                break
-            time.sleep(0.1)
-        for other in silent:
-            phase = last_phase(read_phases(self.attempt.phases(other)))
-            reason = (
-                "it ended without a word: its bootstrap was killed (SIGKILL, the out-of-memory "
-                "killer) or its host went down, and Slurm then ended the job (node "
-                f"{self.node.node} found no stop, end or failure in "
-                f"{self.attempt.phases(other).name})"
-            )
-            note = {"node": other, "phase": phase, "error": reason, "reported_by": self.node.node}
-            write_json(self.attempt.failed(other), {**note, "t": time.time()})
-            logger.error("job failed: node %d failed during %s: %s", other, phase, reason)
-            print(f"deepdive: node {other} failed during {phase}: {reason}", file=sys.stderr)
+    # -- Slurm's warning ----------------------------------------------------------------------
 
     def save_on_warning(self) -> dict[str, Any]:
         """Node 0, warned: the trainer's save at its next rollout boundary if time allows
@@ -609,7 +504,7 @@ class NodeBootstrap:
         wait = WarnedSave(
             self.run_folder.save_timing, slurm.signal_delay_s, bootstrap.stop_timeout_s, self.clock
         )
-        outcome = wait.run(self.trainer)
+        outcome = wait.run(self.children.trainer)
         logged = event_files.latest(self.run_folder.tensorboard, REWARD_TAGS)
         step = logged.step if logged is not None else None
         checkpoint = self.backend.checkpoint_step()
@@ -617,40 +512,6 @@ class NodeBootstrap:
         self.phases.record("warning", "save", **outcome)
         log_event(logger, "warning", **outcome)
         return outcome
-
-    def wait_for_peers_to_stop(self) -> None:
-        """Node 0 asked for a requeue, which the batch script makes once srun returns: before
-        this process exits non-zero (submitit's way; srun's --kill-on-bad-exit then signals
-        what is left of the step), let every other node finish stopping its children, so no
-        node is torn down by a signal (inside an image, SIGTERM unmounts it: slurm/requeue.py)."""
-        if not self.node.is_head or not self.attempt.requeue_asked.exists():
-            return
-        deadline = self.clock() + LONG_POLL_S + 2 * self.config.bootstrap.stop_timeout_s + 10
-        others = set(range(1, self.node.num_nodes))
-        while others and self.clock() < deadline:
-            others = {other for other in others if not self._has_stopped(other)}
-            time.sleep(0.2)
-        if others:
-            logger.warning("requeue: node(s) %s still stopping; srun ends them", sorted(others))
-
-    def _has_stopped(self, other: int) -> bool:
-        lines = read_phases(self.attempt.phases(other))
-        return any(line.get("event") == "children_stopped" for line in lines)
-
-    def _has_word(self, other: int) -> bool:
-        if self.attempt.failed(other).exists():
-            return True
-        lines = read_phases(self.attempt.phases(other))
-        return any(line.get("event") in FINAL_EVENTS for line in lines)
-
-    def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
-        """Slurm is ending the job (cancel, requeue, preemption). Like submitit, keep running
-        (the warning may follow, to checkpoint and requeue), but read children dying as
-        expected."""
-        if not self.terminating:
-            self.terminated_at = self.clock()
-        self.terminating = True
-        logger.warning("SIGTERM: Slurm is ending the job; children ending now is expected")
 
     # -- secrets and children ------------------------------------------------------------------
 
@@ -660,39 +521,9 @@ class NodeBootstrap:
         return load_secrets(self.config.services.env_file)
 
     def _stop_children(self) -> None:
-        """Every child told to stop at once and awaited together (SIGKILL after
-        bootstrap.stop_timeout_s): the node's teardown takes its slowest child's time, not
-        their sum, and fits in Slurm's KillWait. Each one's time goes to the phase log."""
-        timeout = self.config.bootstrap.stop_timeout_s
-        stops: dict[str, Callable[[], None]] = {"trainer": lambda: self._stop_trainer(timeout)}
-        for service in self.services:
-            stops[service.name] = functools.partial(service.stop, timeout)
-        if self.ray is not None:
-            stops["ray"] = functools.partial(self.ray.stop, timeout)
-        started = time.monotonic()
-        seconds: dict[str, float] = {}
-
-        def stop(name: str, action: Callable[[], None]) -> None:
-            try:
-                action()
-            finally:
-                seconds[name] = round(time.monotonic() - started, 3)
-
-        threads = [
-            threading.Thread(target=stop, args=item, name=f"stop-{item[0]}", daemon=True)
-            for item in stops.items()
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        """The node's teardown, however it ends: each child's time goes to the phase log."""
+        seconds = self.children.stop(self.config.bootstrap.stop_timeout_s)
         self.phases.record("job", "children_stopped", seconds=seconds)
-
-    def _stop_trainer(self, timeout: float) -> None:
-        trainer = self.trainer
-        if trainer is None or trainer.poll() is not None:
-            return
-        terminate(trainer, timeout)
 
 
 def reachable(url: str, address: str) -> str:

@@ -40,7 +40,11 @@ from services.tool_server.build import build_providers
 from services.tool_server.config import ToolServerConfig
 from services.tool_server.tools import ToolExecutor
 from slurm.config import ExperimentConfig, load_experiment
+from slurm.node.children import NodeChildren
 from slurm.node.egress import PROBE_QUERY
+from slurm.node.environment import NodeInfo
+from slurm.node.phases import PhaseLog
+from slurm.node.watch import NodeWatch
 
 DEEPDIVE = [sys.executable, "-m", "slurm.cli"]
 
@@ -224,6 +228,22 @@ def tiny_job(folder: Path, steps: int = 4, *sets: str) -> list[str]:
     """`deepdive submit` arguments for the tiny 2-node job, training into `folder`."""
     overrides = [f'run.folder="{folder}"', f"local.grpo.steps={steps}", *sets]
     return [str(TINY_JOB), *(item for value in overrides for item in ("--set", value))]
+
+
+def node_watch(run: Path, node: NodeInfo, clock: Callable[[], float]) -> NodeWatch:
+    """A node's watch as its bootstrap builds it, over the run folder `run` with the tiny
+    job's timeouts, before the node has started any child."""
+    config = load_experiment(TINY_JOB, [f'run.folder="{run}"'])
+    attempt = config.run_folder.attempt(node.attempt)
+    return NodeWatch(
+        node,
+        attempt,
+        PhaseLog(attempt.phases(node.node), node.node, node.attempt),
+        NodeChildren(),
+        join_timeout_s=config.bootstrap.join_timeout_s,
+        stop_timeout_s=config.bootstrap.stop_timeout_s,
+        clock=clock,
+    )
 
 
 class FakeClock:

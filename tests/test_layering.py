@@ -2,8 +2,9 @@
 undo them:
 
     slurm/      the launcher: may import everything below
-      node/     what runs inside the job on every node: never imports launch/ or view/,
-                the login node's side
+      node/     what runs inside the job on every node: the ground floor, importing of the
+                launcher only itself and slurm/run_folder.py (the config, the backends and the
+                bootstrap import node/), so never launch/ or view/, the login node's side
     deepdive/   the RL side: never imports slurm
       deepdive/*.py   the slime side: runs inside slime's Ray actors on the cluster, so never
                       imports the local backend or the offline world
@@ -27,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVIRONMENT_MODULE = "slurm/node/environment.py"
+# what slurm/node/ may import of the launcher: itself, and the run folder's paths and notes
+GROUND = ("slurm.node", "slurm.run_folder")
 _LAUNCHER = re.compile(r"\bslurm(\.|\s|$)")  # the launcher's package named in a string
 # a module above the base library named in a string (a module to import later)
 _ABOVE_BASE = re.compile(r"\b(deepdive|slurm)\.\w|\bservices\.(?!base\b)\w")
@@ -56,6 +59,10 @@ def _under(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
 
 
+def _under_any(name: str, packages: tuple[str, ...]) -> bool:
+    return any(_under(name, package) for package in packages)
+
+
 def layer_violations(root: Path) -> list[str]:
     """Every import or string in `root`'s packages that breaks a rule, as `file:line: why`."""
     found: list[str] = []
@@ -83,6 +90,8 @@ def layer_violations(root: Path) -> list[str]:
                 found.append(f"{where}: {module} runs inside slime but imports {name}")
             if in_job and (_under(name, "slurm.launch") or _under(name, "slurm.view")):
                 found.append(f"{where}: {module} runs inside the job but imports {name}")
+            elif in_job and _under(name, "slurm") and not _under_any(name, GROUND):
+                found.append(f"{where}: {module} is on the ground floor but imports {name}")
             above_base = name.startswith("services.") or _under(name, "deepdive")
             above_base = above_base or _under(name, "slurm")
             if base and above_base and not _under(name, "services.base"):
@@ -120,6 +129,7 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "deepdive/new_hook.py": "from deepdive.offline.world import World\n",
         "slurm/node/ports.py": "from slurm.launch.submit import submit\n",
         "slurm/node/phases.py": "from slurm.view import status\n",
+        "slurm/node/watch.py": "from slurm.run_folder import read_json\nfrom slurm import config\n",
     }
     for name, text in bad.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +149,7 @@ def test_the_check_finds_a_deliberate_bad_import(tmp_path: Path) -> None:
         "slurm/launch/submit.py",
         "slurm/node/phases.py",
         "slurm/node/ports.py",
+        "slurm/node/watch.py",
     ], found
 
 

@@ -36,7 +36,7 @@ class Trainer(Protocol):
 def stop_reserve_s(stop_timeout_s: float) -> float:
     """What the end of the job needs after the warned save: every node stops its children
     (bootstrap.stop_timeout_s, then SIGKILL), node 0 waits for them, and the batch script
-    requeues (the same bound as NodeBootstrap.wait_for_peers_to_stop)."""
+    requeues (the same bound as slurm/node/watch.py's NodeWatch.wait_for_peers_to_stop)."""
     return LONG_POLL_S + 2 * stop_timeout_s + 10
 
 

@@ -19,14 +19,12 @@ import submitit
 from deepdive.rollout_settings import RolloutSettings
 from services.serving.workers import MAX_DEFAULT_WORKERS
 from slurm.backends import build_backend
-from slurm.bootstrap import PEER_WORD_S, NodeBootstrap, NodeJob, drilled
+from slurm.bootstrap import NodeBootstrap, NodeJob, drilled
 from slurm.config import load_experiment
-from slurm.node.cadence import LONG_POLL_S
 from slurm.node.environment import CpuGrant, NodeInfo, current_node
-from slurm.node.phases import NodeFailed, PhaseLog, Stopping, read_phases
+from slurm.node.phases import Stopping, read_phases
 from slurm.node.ports import HIGH, plan_node_ports
-from slurm.run_folder import RunFolder, write_json
-from slurm.view.status import run_status
+from slurm.run_folder import write_json
 from tests.helpers import FakeClock, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +165,7 @@ def test_a_node_serves_its_tool_workers_on_the_ports_of_their_range(
     ports, _ = plan_node_ports(node.job_id, node.node, node.num_nodes)
     try:
         bootstrap._launch_services(ports, {})
-        urls = {service.name: service.wait_ready() for service in bootstrap.services}
+        urls = {service.name: service.wait_ready() for service in bootstrap.children.services}
     finally:
         bootstrap._stop_children()
     workers = [f"http://127.0.0.1:{port}" for port in (ports.tools, ports.tools + 1)]
@@ -191,36 +189,6 @@ def bootstrap_at(tmp_path: Path, node: int, clock: FakeClock, cpus: int = 2) -> 
     return NodeBootstrap(config, NodeInfo("4711", node, 2, "host", "n1", 0, cpus), clock)
 
 
-def test_a_serving_node_reads_the_shared_file_system_every_few_seconds_not_every_poll(
-    tmp_path: Path,
-) -> None:
-    """While the job starts, a failure note is seen at the next poll; once a node serves (or
-    trains), it reads the shared folder every LONG_POLL_S and no more often (it had read it
-    every 0.25 s for the whole run: ~700 metadata operations a minute per node)."""
-    clock = FakeClock()
-    bootstrap = bootstrap_at(tmp_path, 1, clock)
-    bootstrap._check()  # starting: reads at once
-    failure = {"node": 0, "phase": "training", "error": "boom"}
-    bootstrap.attempt.root.mkdir(parents=True, exist_ok=True)
-    (bootstrap.attempt.failed(0)).write_bytes(orjson.dumps(failure))
-    with pytest.raises(NodeFailed, match="node 0 failed during training: boom"):
-        bootstrap._check()
-
-    clock = FakeClock()
-    bootstrap = bootstrap_at(tmp_path, 1, clock)
-    bootstrap.shared.slow_down()  # what the serving phase does
-    bootstrap.attempt.failed(0).unlink()
-    bootstrap._check()  # t = 0: reads, nothing there
-    bootstrap.attempt.failed(0).write_bytes(orjson.dumps(failure))
-    for _ in range(19):  # polls 0.25 s apart: none of them reads the shared folder
-        clock.now += 0.25
-        bootstrap._check()
-    clock.now += 0.25  # LONG_POLL_S after the last read
-    assert clock.now - 1000.0 == LONG_POLL_S
-    with pytest.raises(NodeFailed, match="node 0 failed during training"):
-        bootstrap._check()
-
-
 def test_a_gpu_node_gives_ray_a_worker_port_for_every_cpu_and_actor(tmp_path: Path) -> None:
     """Ray keeps up to one idle or prestarted worker per CPU and every slime actor (its own
     runtime env) has a process of its own, each holding a worker port: the recipe's nodes
@@ -234,36 +202,6 @@ def test_a_gpu_node_gives_ray_a_worker_port_for_every_cpu_and_actor(tmp_path: Pa
     assert not named & workers and max(workers) < HIGH
     other = NodeBootstrap(config, NodeInfo("4712", 1, 2, "host", "n1", 0, 64))._plan_ports()[0]
     assert not {p for _, p in other.all_ports()} & {p for _, p in ports.all_ports()}
-
-
-def test_node_0_names_a_peer_that_ended_without_a_word(tmp_path: Path) -> None:
-    """Slurm ended the job (srun's --kill-on-bad-exit after node 1's bootstrap was killed):
-    node 0 finds node 1's phase log open in its serving phase and leaves the failure note
-    node 1 could not; a node that stopped as told is not named."""
-    clock = FakeClock()
-    bootstrap = bootstrap_at(tmp_path, 0, clock)
-    for node, events in ((1, ["start"]), (0, ["start", "stopped"])):
-        log = PhaseLog(bootstrap.attempt.phases(node), node, "4711-0")
-        log.record("serving" if node else "training", "start")
-        if "stopped" in events:
-            log.record("job", "stopped", reason="SIGTERM")
-    bootstrap._on_sigterm(15, None)
-    clock.now += PEER_WORD_S  # node 1 said nothing for this long
-    bootstrap._name_silent_peers()
-    note = orjson.loads(bootstrap.attempt.failed(1).read_bytes())
-    assert (note["node"], note["phase"], note["reported_by"]) == (1, "serving", 0)
-    assert "killed" in note["error"]
-    status = run_status(RunFolder(tmp_path / "run"))
-    assert status.failures and status.failures[0]["node"] == 1
-
-    quiet = bootstrap_at(tmp_path / "b", 0, clock)
-    log = PhaseLog(quiet.attempt.phases(1), 1, "4711-0")
-    log.record("serving", "start")
-    log.record("job", "stopped", reason="SIGTERM")
-    log.record("job", "children_stopped", seconds={"ray": 1.1})  # its teardown, after
-    quiet._on_sigterm(15, None)
-    quiet._name_silent_peers()
-    assert not quiet.attempt.failed(1).exists()
 
 
 @pytest.mark.slow
@@ -289,38 +227,19 @@ def test_node_0_publishes_the_heads_address_before_its_ray_is_up(tmp_path: Path)
         wait_until(attempt.head.exists, 120, "node 0 to publish the head's address")
         phases = {(line["phase"], line["event"]) for line in read_phases(attempt.phases(0))}
         assert ("launch", "start") in phases and ("ray", "done") not in phases
-        assert bootstrap.ray is not None
+        assert bootstrap.children.ray is not None
         head = orjson.loads(attempt.head.read_bytes())
-        gcs = bootstrap.ray.ports.ray_gcs  # where the head's GCS listens: the address joined
+        gcs = (
+            bootstrap.children.ray.ports.ray_gcs
+        )  # where the head's GCS listens: the address joined
         # cluster-tiny's bootstrap.node_address: the head on loopback, on this host
         assert head == {"address": f"127.0.0.2:{gcs}", "host": "host"}
-        assert f"--port={gcs}" in bootstrap.ray.command()
+        assert f"--port={gcs}" in bootstrap.children.ray.command()
     finally:
         write_json(attempt.end, {"stopped": "test"})
         thread.join(60)
         bootstrap._stop_children()
     assert len(outcome) == 1 and isinstance(outcome[0], Stopping)
-
-
-def test_a_trainer_that_exits_while_the_node_starts_fails_it_naming_training(
-    tmp_path: Path,
-) -> None:
-    """A trainer that starts early starts with Ray and the services: its exit before the
-    training phase (a bad import, a broken config) fails the node at once, named, in every
-    phase the node is still starting (before, only while node 0 waited for the others)."""
-    bootstrap = bootstrap_at(tmp_path, 0, FakeClock())
-    bootstrap.trainer = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    bootstrap.trainer.wait()
-    for phase in ("ray", "services", "join"):
-        with pytest.raises(NodeFailed) as failure, bootstrap.phases.phase(phase):
-            bootstrap._check()
-        assert failure.value.phase == "training"
-        assert "the trainer exited with status 3 before every node was ready" in str(
-            failure.value.message
-        )
-    bootstrap._on_sigterm(15, None)  # Slurm ending the job: the trainer went with it
-    with pytest.raises(Stopping), bootstrap.phases.phase("ray"):
-        bootstrap._check()
 
 
 BEFORE_RAY = """

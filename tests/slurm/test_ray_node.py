@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from slurm.bootstrap import NodeBootstrap
 from slurm.config import load_experiment
 from slurm.node.cadence import LONG_POLL_S
 from slurm.node.environment import NodeInfo
+from slurm.node.network import node_address
 from slurm.node.phases import NodeFailed
 from slurm.node.ports import NodePorts, candidate_blocks, taken
 from slurm.node.ray_cluster import RayNode
-from tests.helpers import TINY_JOB, FakeClock
+from tests.helpers import TINY_JOB, FakeClock, node_watch
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTORS = 8  # each with its own runtime env: a worker process (and a port) to itself
@@ -55,11 +55,12 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
     Now the node's watch (every LONG_POLL_S, on Ray's worker logs) fails the node with why."""
     clock = FakeClock()
     config = load_experiment(TINY_JOB, [f'run.folder="{tmp_path / "run"}"'])
-    bootstrap = NodeBootstrap(config, NodeInfo("41999", 0, 1, "host", "n1", 0, 16), clock)
+    watch = node_watch(tmp_path / "run", NodeInfo("41999", 0, 1, "host", "n1", 0, 16), clock)
+    address = node_address(config.bootstrap.node_address)  # cluster-tiny's loopback one
     ports = free_ports(TINY_RANGE)
-    bootstrap.ray = RayNode(
+    ray = watch.children.ray = RayNode(
         node=0,
-        node_ip=bootstrap.address,  # cluster-tiny's loopback one (Ray rewrites 127.0.0.1)
+        node_ip=address,  # (Ray rewrites 127.0.0.1)
         ports=ports,
         head_address=None,
         temp_dir=Path("/tmp") / f"dd-test-{os.getpid()}",  # Unix sockets: 107 bytes
@@ -72,10 +73,10 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     driver = None
     try:
-        bootstrap.ray.launch()
-        bootstrap.ray.wait_started(120)
+        ray.launch()
+        ray.wait_started(120)
         driver = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, bootstrap.ray.address],
+            [sys.executable, "-c", DRIVER, ray.address],
             env=environment,
             stdout=subprocess.DEVNULL,
         )
@@ -83,7 +84,7 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
         with pytest.raises(NodeFailed) as failure:
             while time.monotonic() < deadline:
                 clock.now += LONG_POLL_S
-                bootstrap._check()
+                watch.check()
                 time.sleep(0.5)
         message = failure.value.message
         assert "node 0 failed during" in message and "ran out of worker ports" in message
@@ -94,8 +95,8 @@ def test_a_node_whose_ray_runs_out_of_worker_ports_fails_naming_the_cause(tmp_pa
         if driver is not None:
             driver.kill()
             driver.wait()
-        bootstrap.ray.stop(5)
-    assert not bootstrap.ray.temp_dir.exists()
+        ray.stop(5)
+    assert not ray.temp_dir.exists()
 
 
 def test_rays_keeper_starts_without_an_http_client() -> None:

@@ -1,12 +1,12 @@
 """A requeue that works inside an image (slurm/requeue.py), its pieces without a cluster: the
 stand-in `scontrol` every task finds first on its PATH, the batch script's lines around srun
-(run by bash as the rendered sbatch script has them), the warning signal, and what node 0 and
-`deepdive status` do with the notes. The whole path runs with real Slurm in tests/slurm/
-test_jobs.py (no image) and tests/two_hosts (inside the SIF, on two hosts)."""
+(run by bash as the rendered sbatch script has them), the warning signal, and what `deepdive
+status` does with the notes (node 0 waiting for its peers to stop: tests/slurm/test_watch.py).
+The whole path runs with real Slurm in tests/slurm/test_jobs.py (no image) and
+tests/two_hosts (inside the SIF, on two hosts)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import signal
@@ -18,11 +18,9 @@ import orjson
 import pytest
 
 from slurm import requeue
-from slurm.bootstrap import NodeBootstrap
 from slurm.config import load_experiment
 from slurm.launch.submit import executor_parameters, sbatch_script
 from slurm.launch.task_command import python_command
-from slurm.node.environment import NodeInfo
 from slurm.node.phases import PhaseLog
 from slurm.run_folder import RunFolder
 from slurm.view.status import run_status
@@ -261,39 +259,3 @@ def test_usr2_does_what_the_warning_signal_does_in_the_job() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"[{int(signal.SIGUSR2)}]"
-
-
-def bootstrap_at(tmp_path: Path, clock: object) -> NodeBootstrap:
-    config = load_experiment(TINY, [f'run.folder="{tmp_path / "run"}"'])
-    return NodeBootstrap(config, NodeInfo("4711", 0, 3, "host", "n1", 0, 2), clock)  # type: ignore[arg-type]
-
-
-def test_node_0_lets_every_node_stop_before_it_exits_for_a_requeue(tmp_path: Path) -> None:
-    """srun's --kill-on-bad-exit signals what is left of the step when node 0 exits (submitit
-    exits -1 after a requeue): node 0 waits until every peer has stopped its children."""
-    ticks = itertools.count(1000.0, 0.5)
-    bootstrap = bootstrap_at(tmp_path, lambda: next(ticks))
-    attempt = bootstrap.attempt
-    attempt.root.mkdir(parents=True)
-    attempt.requeue_asked.write_text("{}")
-    for node in (1, 2):
-        log = PhaseLog(attempt.phases(node), node, "4711-0")
-        log.record("job", "stopped")
-        log.record("job", "children_stopped")
-    bootstrap.wait_for_peers_to_stop()
-    assert next(ticks) < 1002.0  # returned at once
-
-    # node 2 never finishes: node 0 gives up after a bound (LONG_POLL_S, two stop timeouts
-    # and a margin)
-    (attempt.phases(2)).write_bytes(b"")
-    ticks = itertools.count(2000.0, 5.0)
-    bootstrap.clock = lambda: next(ticks)
-    bootstrap.wait_for_peers_to_stop()
-    assert 2015.0 < next(ticks) < 2040.0
-
-
-def test_node_0_does_not_wait_without_a_requeue(tmp_path: Path) -> None:
-    ticks = itertools.count(1000.0, 0.5)
-    bootstrap = bootstrap_at(tmp_path, lambda: next(ticks))
-    bootstrap.wait_for_peers_to_stop()  # no request: nobody is waited for
-    assert next(ticks) < 1002.0

@@ -50,7 +50,7 @@ def test_a_node_binds_its_services_to_its_own_address(tmp_path: Path, corpus_fil
     ports, _ = plan_node_ports(node.job_id, node.node, node.num_nodes)
     try:
         bootstrap._launch_services(ports, {"DEEPDIVE_SERVICE_TOKEN": "a-token-for-this-test"})
-        urls = {service.name: service.wait_ready() for service in bootstrap.services}
+        urls = {service.name: service.wait_ready() for service in bootstrap.children.services}
     finally:
         bootstrap._stop_children()
     address = "127.0.0.2"  # cluster-tiny's bootstrap.node_address

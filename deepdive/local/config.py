@@ -153,7 +153,7 @@ class WarmStartSection:
 
 @dataclass(frozen=True)
 class GRPOSection:
-    steps: int = 10
+    steps: int = 20
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
     lr: float = 5e-5  # 3e-4 collapses the reading policy in 4 steps

@@ -122,13 +122,13 @@ class WarmStartSection:
     other names; first, `copy_steps` steps of a synthetic copy task (see deepdive.local.warm_start
     for why: a policy from random weights memorises facts instead of reading pages)."""
 
-    epochs: float = 6.0
+    epochs: float = 7.0
     batch_size: int = 8
     lr: float = 1e-3
     warmup_steps: int = 10
     observation_weight: float = 0.3
     rename: float = 1.0  # the fraction of demonstrations shown with other names
-    copy_steps: int = 150  # 0 = no copy warm-up
+    copy_steps: int = 200  # 0 = no copy warm-up
     copy_length: int = 48  # tokens, then the same again
     copy_batch: int = 32
     copy_lr: float = 3e-3
@@ -153,7 +153,7 @@ class WarmStartSection:
 
 @dataclass(frozen=True)
 class GRPOSection:
-    steps: int = 10
+    steps: int = 20
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
     lr: float = 5e-5  # 3e-4 collapses the reading policy in 4 steps

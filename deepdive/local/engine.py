@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import threading
@@ -198,7 +199,13 @@ class LocalEngine:
             results = [GenerationResult() for _ in requests]
             active = [r.max_new_tokens > 0 for r in requests]
             eos = {self.tokenizer.eos_token_id}
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            out = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **last_logits_only(model),
+            )
             past, logits = out.cache, out.logits[:, -1, :].float()
             # SGLang's default: the log-probs of the distribution each token was sampled from,
             # softmax(logits / temperature); greedy rows report the plain softmax
@@ -243,6 +250,17 @@ class LocalEngine:
             for result in results:
                 result.text = self.tokenizer.decode(result.ids, skip_special_tokens=False)
             return results
+
+
+def last_logits_only(model: Any) -> dict[str, int]:
+    """`logits_to_keep=1` where the model's forward takes it (transformers' causal LMs do):
+    the prompt's pass then projects only its last position onto the vocabulary, not every
+    position (the projection was a third of a 450-token prefill of the embedded default)."""
+    return {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
+
+
+def _takes(model: Any, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
 
 
 def _sample(logits: Any, request: GenerationRequest, generator: Any) -> int:

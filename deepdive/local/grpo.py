@@ -107,7 +107,11 @@ def scoring_temperature(sampling_temperature: float) -> float:
 
 
 def token_logprobs(
-    model: Any, sequences: Sequence[Sequence[int]], pad_id: int, temperature: float = 1.0
+    model: Any,
+    sequences: Sequence[Sequence[int]],
+    pad_id: int,
+    temperature: float = 1.0,
+    first: int = 0,
 ) -> Any:
     """log p(token_t | tokens_<t) for every token after the first, right-padded: [rows, max-1].
 
@@ -115,18 +119,25 @@ def token_logprobs(
     policy loss: the loss then scores the distribution the rollouts were sampled from. The
     engine samples from, and reports, the same log-softmax of the same weights, so for tokens
     it produced these equal its `output_token_logprobs` (tests/test_engine.py checks it).
+
+    Only columns from `first` on are scored (the rest are 0): a caller that learns from the
+    responses alone passes the shortest prompt's length - 1, so the vocabulary projection and
+    its log-softmax skip the prompts (a fifth of a warm-start sequence), with the same values.
     """
     import torch
 
     width = max(len(s) for s in sequences)
+    first = min(max(0, first), width - 1)
     device = next(model.parameters()).device
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
     attention = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
     for row, sequence in enumerate(sequences):
         ids[row, : len(sequence)] = torch.tensor(list(sequence), dtype=torch.long)
         attention[row, : len(sequence)] = 1
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1, :].float()
+    keep = {"logits_to_keep": width - first} if first else {}
+    logits = model(input_ids=ids, attention_mask=attention, **keep).logits[:, :-1, :].float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
-    return logprobs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    scored = logprobs.gather(-1, ids[:, first + 1 :, None]).squeeze(-1)
+    return torch.nn.functional.pad(scored, (first, 0)) if first else scored

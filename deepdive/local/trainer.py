@@ -56,6 +56,11 @@ def response_tensor(
     return out.to(device) if device is not None else out
 
 
+def _scored_from(chunk: Sequence[Example]) -> int:
+    """The first column of `token_logprobs` any example's loss mask reaches."""
+    return max(0, min(e.prompt_length for e in chunk) - 1)
+
+
 def micro_batches(examples: Sequence[Example], size: int) -> Iterator[list[Example]]:
     ordered = sorted(examples, key=lambda e: len(e.tokens))
     for start in range(0, len(ordered), size):
@@ -107,7 +112,9 @@ class PolicyTrainer:
         tokens = 0
         for chunk in micro_batches(examples, self.settings.micro_batch):
             width = max(len(e.tokens) for e in chunk)
-            logprobs = token_logprobs(self.model, [e.tokens for e in chunk], self.pad_id)
+            logprobs = token_logprobs(
+                self.model, [e.tokens for e in chunk], self.pad_id, first=_scored_from(chunk)
+            )
             mask = response_tensor(chunk, width, lambda e: e.loss_mask, logprobs.device)
             loss = -masked_sample_mean(logprobs, mask) * (len(chunk) / len(examples))
             loss.backward()
@@ -141,7 +148,8 @@ class PolicyTrainer:
         for chunk in micro_batches(active, self.settings.micro_batch):
             width = max(len(e.tokens) for e in chunk)
             sequences = [e.tokens for e in chunk]
-            logprobs = token_logprobs(self.model, sequences, self.pad_id, temperature)
+            first = _scored_from(chunk)
+            logprobs = token_logprobs(self.model, sequences, self.pad_id, temperature, first)
             mask = response_tensor(chunk, width, lambda e: e.loss_mask, logprobs.device)
             old = response_tensor(chunk, width, lambda e: e.old_logprobs, logprobs.device)
             advantages = torch.tensor(
@@ -150,7 +158,9 @@ class PolicyTrainer:
             reference = None
             if kl_coef > 0 and self.reference is not None:
                 with torch.no_grad():
-                    reference = token_logprobs(self.reference, sequences, self.pad_id, temperature)
+                    reference = token_logprobs(
+                        self.reference, sequences, self.pad_id, temperature, first
+                    )
             parts = grpo_loss(
                 logprobs, old, advantages, mask, clip_low, clip_high, reference, kl_coef, per_token
             )

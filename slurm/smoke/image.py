@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepdive.rollout_settings import GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH
+from slurm.backends.slime.args import DYNAMIC_FILTERS, FILTERS
 from slurm.config import ExperimentConfig
 from slurm.node.environment import CpuGrant, GpuGrant, cpus_given, gpus_given
 from slurm.smoke.context import SmokeContext
@@ -101,7 +102,10 @@ IMPORT_CLOSURE = (
     Needed("ray", "", "slime's actors"),
     Needed.at(GENERATE_FUNCTION_PATH, "our --custom-generate-function-path"),
     Needed.at(REWARD_FUNCTION_PATH, "our --custom-rm-path"),
-    Needed("deepdive.filters", "drop_uniform_groups", "our --dynamic-sampling-filter-path"),
+    *(
+        Needed(FILTERS, name, "our --dynamic-sampling-filter-path")
+        for name in sorted(set(DYNAMIC_FILTERS.values()))
+    ),
 )
 # packages whose files the job's user must be able to read, wherever they are installed
 READ_PACKAGES = ("slime", "megatron", "deepdive")

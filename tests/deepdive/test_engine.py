@@ -85,6 +85,19 @@ def test_logprobs_equal_a_separate_forward_pass(engine: LocalEngine, temperature
         assert not torch.allclose(torch.tensor(result.logprobs), plain, atol=1e-3)
 
 
+def test_a_prompt_pass_projects_only_its_last_position(engine: LocalEngine) -> None:
+    """The vocabulary projection of a prompt's pass sees one position per row, not the prompt."""
+    widths: list[int] = []
+    hook = engine.model.lm_head.register_forward_hook(
+        lambda _m, args, _out: widths.append(args[0].shape[1])
+    )
+    try:
+        engine.generate_batch([GenerationRequest(prompt_ids(engine), max_new_tokens=3)])
+    finally:
+        hook.remove()
+    assert len(prompt_ids(engine)) > 1 and widths and set(widths) == {1}
+
+
 def test_batched_rows_equal_single_rows(engine: LocalEngine) -> None:
     """Left padding and the KV cache do not change what a row generates (greedy)."""
     short, long = (

@@ -158,3 +158,37 @@ def test_overfit_one_prompt_raises_the_rewarded_completion(tokenizer: Any) -> No
     after = rewarded_probability()
     assert 0.3 < before < 0.7
     assert after > 0.9 and after > before + 0.3
+
+
+def projected_widths(model: Any) -> list[int]:
+    """The sequence length of every input the vocabulary projection sees, as it sees it."""
+    widths: list[int] = []
+    model.lm_head.register_forward_hook(lambda _m, args, _out: widths.append(args[0].shape[1]))
+    return widths
+
+
+def test_logprobs_from_a_column_equal_the_whole_sequences_there(tokenizer: Any) -> None:
+    model = new_model(tokenizer, hidden=32, layers=1, heads=2)
+    sequences = [list(range(5, 17)), list(range(9, 18))]
+    whole = token_logprobs(model, sequences, tokenizer.pad_token_id, 0.7)
+    widths = projected_widths(model)
+    part = token_logprobs(model, sequences, tokenizer.pad_token_id, 0.7, first=4)
+    assert widths == [12 - 4]  # the prompts' first 4 columns never reach the projection
+    assert part.shape == whole.shape
+    assert torch.equal(part[:, 4:], whole[:, 4:])
+    assert not part[:, :4].any()
+
+
+def test_the_trainer_projects_only_from_the_shortest_prompt_on(tokenizer: Any) -> None:
+    model = new_model(tokenizer, hidden=32, layers=1, heads=2)
+    trainer = PolicyTrainer(model, tokenizer.pad_token_id, OptimizerSettings(lr=1e-2))
+    examples = [
+        Example(list(range(5, 17)), 6, [1.0] * 6),
+        Example(list(range(5, 15)), 4, [1.0] * 6),
+    ]
+    widths = projected_widths(model)
+    trainer.sft_step(examples)
+    for example in examples:
+        example.old_logprobs, example.advantage = [-2.0] * 6, 1.0
+    trainer.grpo_step(examples, 0.2, 0.28)
+    assert widths == [12 - 3, 12 - 3]  # from the shorter prompt's last token on

@@ -24,6 +24,7 @@ from pytest_httpserver import HTTPServer
 
 from deepdive.rollout_settings import GENERATE_FUNCTION_PATH, REWARD_FUNCTION_PATH
 from services.base.errors import ConfigError
+from slurm.backends.slime.args import DYNAMIC_FILTERS, FILTERS
 from slurm.config import ExperimentConfig, ServicesTable
 from slurm.node.environment import CpuGrant, GpuGrant, gpus_given
 from slurm.smoke.context import SmokeContext, here
@@ -296,6 +297,15 @@ def test_the_image_check_imports_the_hooks_the_launcher_names() -> None:
     hooks = tuple(item for item in IMPORT_CLOSURE if item.name in paths)
     assert [item.name for item in hooks] == list(paths)
     assert [check.ok for check in import_checks(hooks)] == [True, True]
+
+
+def test_the_image_check_imports_every_filter_the_launcher_can_name() -> None:
+    """Each of the three --dynamic-sampling-filter-path values (slurm/backends/slime/args.py),
+    not only the default one: a config that drops failed groups names another function."""
+    named = {f"{FILTERS}.{name}" for name in DYNAMIC_FILTERS.values()}
+    filters = tuple(item for item in IMPORT_CLOSURE if item.name in named)
+    assert {item.name for item in filters} == named
+    assert all(check.ok for check in import_checks(filters))
 
 
 def test_step_one_here_fails_naming_no_gpu_and_the_missing_slime(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import math
 import threading
@@ -34,6 +33,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from deepdive.local.grpo import scoring_temperature
+from deepdive.local.model import logits_to_keep
 from deepdive.protocol import MISSING, json_kind
 from services.base.errors import RequestError
 from services.base.logs import log_event
@@ -204,7 +204,9 @@ class LocalEngine:
                 attention_mask=mask,
                 position_ids=positions,
                 use_cache=True,
-                **last_logits_only(model),
+                # only the last position onto the vocabulary: the projection of every
+                # position was a third of a 450-token prompt pass of the embedded default
+                **logits_to_keep(model, 1),
             )
             past, logits = out.cache, out.logits[:, -1, :].float()
             # SGLang's default: the log-probs of the distribution each token was sampled from,
@@ -250,17 +252,6 @@ class LocalEngine:
             for result in results:
                 result.text = self.tokenizer.decode(result.ids, skip_special_tokens=False)
             return results
-
-
-def last_logits_only(model: Any) -> dict[str, int]:
-    """`logits_to_keep=1` where the model's forward takes it (transformers' causal LMs do):
-    the prompt's pass then projects only its last position onto the vocabulary, not every
-    position (the projection was a third of a 450-token prefill of the embedded default)."""
-    return {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
-
-
-def _takes(model: Any, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
 
 
 def _sample(logits: Any, request: GenerationRequest, generator: Any) -> int:

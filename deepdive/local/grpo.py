@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deepdive.group_rewards import normalised_rewards
+from deepdive.local.model import logits_to_keep
 
 
 def group_advantages(
@@ -134,8 +135,10 @@ def token_logprobs(
     for row, sequence in enumerate(sequences):
         ids[row, : len(sequence)] = torch.tensor(list(sequence), dtype=torch.long)
         attention[row, : len(sequence)] = 1
-    keep = {"logits_to_keep": width - first} if first else {}
-    logits = model(input_ids=ids, attention_mask=attention, **keep).logits[:, :-1, :].float()
+    keep = logits_to_keep(model, width - first) if first else {}
+    logits = model(input_ids=ids, attention_mask=attention, **keep).logits
+    logits = logits[:, first - width :, :] if first else logits  # all kept where not taken
+    logits = logits[:, :-1, :].float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)

@@ -10,6 +10,7 @@ copying the answer from the page into the finish call is a token-for-token copy.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,14 @@ def new_model(
     model = Qwen2ForCausalLM(config)
     model.eval()
     return model
+
+
+def logits_to_keep(model: Any, positions: int) -> dict[str, int]:
+    """The forward keyword that projects only the last `positions` onto the vocabulary, where
+    the model's forward takes it (transformers' causal LMs do); {} for one that does not,
+    which then projects every position."""
+    takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return {"logits_to_keep": positions} if takes else {}
 
 
 def default_device() -> str:

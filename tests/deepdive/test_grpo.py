@@ -192,3 +192,26 @@ def test_the_trainer_projects_only_from_the_shortest_prompt_on(tokenizer: Any) -
         example.old_logprobs, example.advantage = [-2.0] * 6, 1.0
     trainer.grpo_step(examples, 0.2, 0.28)
     assert widths == [12 - 3, 12 - 3]  # from the shorter prompt's last token on
+
+
+class WholeProjection:
+    """A causal LM whose forward has no `logits_to_keep` (an older or custom model)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    __call__ = forward
+
+    def parameters(self) -> Any:
+        return self.inner.parameters()
+
+
+def test_a_model_without_logits_to_keep_is_scored_the_same(tokenizer: Any) -> None:
+    model = new_model(tokenizer, hidden=32, layers=1, heads=2)
+    sequences = [list(range(5, 17)), list(range(9, 18))]
+    kept = token_logprobs(model, sequences, tokenizer.pad_token_id, 0.7, first=4)
+    whole = token_logprobs(WholeProjection(model), sequences, tokenizer.pad_token_id, 0.7, first=4)
+    assert torch.equal(kept, whole)

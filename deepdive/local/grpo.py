@@ -135,12 +135,11 @@ def token_logprobs(
     for row, sequence in enumerate(sequences):
         ids[row, : len(sequence)] = torch.tensor(list(sequence), dtype=torch.long)
         attention[row, : len(sequence)] = 1
-    keep = logits_to_keep(model, width - first) if first else {}
+    keep = logits_to_keep(model, width - first)
     logits = model(input_ids=ids, attention_mask=attention, **keep).logits
-    logits = logits[:, first - width :, :] if first else logits  # all kept where not taken
-    logits = logits[:, :-1, :].float()
+    logits = logits[:, first - width : -1, :].float()  # a model without the keyword kept all
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
     scored = logprobs.gather(-1, ids[:, first + 1 :, None]).squeeze(-1)
-    return torch.nn.functional.pad(scored, (first, 0)) if first else scored
+    return torch.nn.functional.pad(scored, (first, 0))

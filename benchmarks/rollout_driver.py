@@ -84,7 +84,10 @@ def log_rollout(step: int, args: Any, samples: list[Any]) -> None:
 async def episodes(
     url: str, samples: int, turns: int, tokenizer: Any, log: bool = False, step: int = 0
 ) -> dict[str, Any]:
-    from deepdive.generate import generate_with_tool
+    try:
+        from deepdive.generate import generate_with_tool
+    except ImportError:  # a tree from before the hooks' split (2a5d2bd and older)
+        from deepdive.rollout import generate_with_tool  # type: ignore[import-not-found,no-redef]
     from deepdive.sample import LocalSample
 
     args = Namespace(

@@ -7,7 +7,7 @@ It is served like every other service (`services.web.service_app`): bearer auth 
 /health when a token is set, malformed input a 4xx naming the field, no tracebacks.
 
 Concurrent requests are batched: they wait a few milliseconds for company, then decode together
-with a KV cache (left-padded), one forward pass per step for the whole batch. A request is
+with a KV cache (left-padded), one forward pass per step for the rows still decoding. A request is
 checked before it joins a batch, so one client's bad token id or seed never fails the others.
 The reported log-probs are those of the distribution each token was sampled from,
 log softmax(logits / temperature) (SGLang's default; plain log softmax for greedy rows), so a
@@ -65,7 +65,7 @@ class GenerationResult:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
-    finish_reason: str = "length"
+    finish_reason: str | None = None  # stop | length, once done
 
 
 class LocalEngine:
@@ -177,7 +177,9 @@ class LocalEngine:
                     future.set_exception(RuntimeError("the engine's batching loop stopped"))
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Decode every request to its own stop or length, together."""
+        """Decode every request to its own stop or length, together. A row that is done leaves
+        the batch, so the others decode without it: with the rows of a turn ending anywhere
+        from 20 to 150 tokens, half of a batch's row-steps decoded rows already done."""
         import torch
 
         with self._lock, torch.no_grad():
@@ -197,7 +199,6 @@ class LocalEngine:
                 for r in requests
             ]
             results = [GenerationResult() for _ in requests]
-            active = [r.max_new_tokens > 0 for r in requests]
             eos = {self.tokenizer.eos_token_id}
             out = model(
                 input_ids=ids,
@@ -214,31 +215,31 @@ class LocalEngine:
             scale = torch.tensor(
                 [[scoring_temperature(r.temperature)] for r in requests], device=device
             )
-            while any(active):
+            rows = list(range(len(requests)))  # the request in each slot of the batch
+            while True:
                 logprobs = torch.log_softmax(logits / scale, dim=-1)
-                next_ids = []
-                for row, request in enumerate(requests):
-                    if not active[row]:
-                        next_ids.append(pad)
-                        continue
-                    token = _sample(logits[row], request, generators[row])
-                    result = results[row]
-                    result.ids.append(token)
-                    result.logprobs.append(float(logprobs[row, token]))
-                    next_ids.append(token)
-                    stops = eos | set(request.stop_token_ids)
-                    if token in stops:
-                        result.finish_reason, active[row] = "stop", False
-                    elif request.stop:
-                        text = self.tokenizer.decode(result.ids, skip_special_tokens=False)
-                        if any(s in text for s in request.stop):
-                            result.finish_reason, active[row] = "stop", False
-                    if active[row] and len(result.ids) >= request.max_new_tokens:
-                        result.finish_reason, active[row] = "length", False
-                if not any(active):
+                decoding, next_ids = [], []
+                for slot, row in enumerate(rows):
+                    request, result = requests[row], results[row]
+                    if request.max_new_tokens > 0:
+                        token = _sample(logits[slot], request, generators[row])
+                        result.ids.append(token)
+                        result.logprobs.append(float(logprobs[slot, token]))
+                        result.finish_reason = self._finish(request, result, token, eos)
+                    else:
+                        result.finish_reason = "length"
+                    if result.finish_reason is None:
+                        decoding.append(slot)
+                        next_ids.append(result.ids[-1])
+                if not decoding:
                     break
+                if len(decoding) < len(rows):  # the rows that are done leave the batch
+                    keep = torch.tensor(decoding, device=device)
+                    past.batch_select_indices(keep)
+                    mask, positions, scale = mask[keep], positions[keep], scale[keep]
+                    rows = [rows[slot] for slot in decoding]
                 mask = torch.cat(
-                    [mask, torch.ones((len(requests), 1), dtype=mask.dtype, device=device)], dim=-1
+                    [mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=-1
                 )
                 positions = positions[:, -1:] + 1
                 out = model(
@@ -252,6 +253,18 @@ class LocalEngine:
             for result in results:
                 result.text = self.tokenizer.decode(result.ids, skip_special_tokens=False)
             return results
+
+    def _finish(
+        self, request: GenerationRequest, result: GenerationResult, token: int, eos: set[int]
+    ) -> str | None:
+        """Why the row is done after `token`: stop or length; None while it decodes on."""
+        if token in eos or token in request.stop_token_ids:
+            return "stop"
+        if request.stop:
+            text = self.tokenizer.decode(result.ids, skip_special_tokens=False)
+            if any(s in text for s in request.stop):
+                return "stop"
+        return "length" if len(result.ids) >= request.max_new_tokens else None
 
 
 def _sample(logits: Any, request: GenerationRequest, generator: Any) -> int:

@@ -115,6 +115,26 @@ def test_batched_rows_equal_single_rows(engine: LocalEngine) -> None:
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
 
 
+def test_rows_that_are_done_leave_the_batch(engine: LocalEngine) -> None:
+    """Once a row has its tokens, the decode passes feed only the rows still decoding, and
+    each row still generates what it generates alone (greedy)."""
+    prompts = [prompt_ids(engine, q) for q in ("Who?", "Which lens?", "Where was the lute made?")]
+    requests = [GenerationRequest(p, n, temperature=0) for p, n in zip(prompts, (2, 9, 5))]
+    alone = [engine.generate_batch([r])[0] for r in requests]
+    rows: list[int] = []
+    embed = engine.model.get_input_embeddings()
+    hook = embed.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[0]))
+    try:
+        together = engine.generate_batch(requests)
+    finally:
+        hook.remove()
+    for a, b in zip(alone, together, strict=True):
+        assert a.ids == b.ids and a.finish_reason == b.finish_reason
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    decoding = [sum(len(r.ids) > step for r in together) for step in range(1, 9)]
+    assert rows == [3, *[n for n in decoding if n]], (rows, [len(r.ids) for r in together])
+
+
 def test_stops_and_length(engine: LocalEngine) -> None:
     ids = prompt_ids(engine)
     [free] = engine.generate_batch([GenerationRequest(ids, 6, temperature=0)])

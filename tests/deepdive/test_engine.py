@@ -119,7 +119,9 @@ def test_rows_that_are_done_leave_the_batch(engine: LocalEngine) -> None:
     """Once a row has its tokens, the decode passes feed only the rows still decoding, and
     each row still generates what it generates alone (greedy)."""
     prompts = [prompt_ids(engine, q) for q in ("Who?", "Which lens?", "Where was the lute made?")]
-    requests = [GenerationRequest(p, n, temperature=0) for p, n in zip(prompts, (2, 9, 5))]
+    requests = [
+        GenerationRequest(p, n, temperature=0) for p, n in zip(prompts, (2, 9, 5), strict=True)
+    ]
     alone = [engine.generate_batch([r])[0] for r in requests]
     rows: list[int] = []
     embed = engine.model.get_input_embeddings()

@@ -153,7 +153,7 @@ class WarmStartSection:
 
 @dataclass(frozen=True)
 class GRPOSection:
-    steps: int = 20
+    steps: int = 36
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
     lr: float = 5e-5  # 3e-4 collapses the reading policy in 4 steps
@@ -206,7 +206,7 @@ class EvalSection:
 
     questions: int = 0  # 0 = all
     temperature: float = 0.7  # the training temperature
-    samples: int = 4  # per question (with temperature > 0, the mean of several is steadier)
+    samples: int = 8  # per question (with temperature > 0, the mean of several is steadier)
     before: bool = True
     unseen_questions: int = 0  # 0 = off
 

@@ -400,12 +400,16 @@ class Upstream:
         arguments: `json` (sent with orjson), `content` (bytes), `params`, `headers`, and
         `sni_hostname` (the TLS server name when the URL's host is a pinned address).
         """
+        first = await self._try_once(method, url, deadline, check, kwargs, 1)
+        if not isinstance(first, Retry):
+            return first
         return await with_retries(
             functools.partial(self._try_once, method, url, deadline, check, kwargs),
             self.settings.retry,
             self.clock,
             deadline,
             self._given_up,
+            first,
         )
 
     async def _try_once(

@@ -84,18 +84,21 @@ async def with_retries(
     clock: Clock,
     deadline: float | None,
     give_up: GiveUp,
+    first: Retry | None = None,
 ) -> _T:
     """`attempt(n)` (1-based) until it returns other than a `Retry`, backing off between tries;
-    the error `give_up` builds once the attempts are spent or the next wait is not allowed."""
-    number = 0
-    while True:
-        number += 1
-        outcome = await attempt(number)
-        if not isinstance(outcome, Retry):
-            return outcome
+    the error `give_up` builds once the attempts are spent or the next wait is not allowed.
+    `first` is attempt 1's outcome where the caller made it already (a call that needs no
+    retry then never enters this loop: one coroutine less on every call)."""
+    number = 1
+    outcome = first if first is not None else await attempt(1)
+    while isinstance(outcome, Retry):
         if number >= policy.max_attempts:
             raise give_up(outcome.error, f" after {number} attempts")
         await _back_off(policy, number, outcome, clock, deadline, give_up)
+        number += 1
+        outcome = await attempt(number)
+    return outcome
 
 
 async def _back_off(

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fakes.hostile_upstream import Misbehaviour, hostile_upstream
 from services.base.errors import ConfigError, UpstreamBadResponse, UpstreamError
@@ -163,6 +165,31 @@ def test_a_header_that_would_split_the_request_is_refused_naming_it_not_its_valu
                 UpstreamSettings("http://127.0.0.1:1", plain_http=lean),
                 headers={"Authorization": "Bearer secret\r\nX-Evil: 1"},
             )
+
+
+_DELIMITERS = set('"(),/:;<=>?@[\\]{}')
+
+
+def _is_token(name: str) -> bool:
+    """RFC 9110 5.6.2, character by character: visible ASCII other than the delimiters."""
+    return bool(name) and all(33 <= ord(c) <= 126 and c not in _DELIMITERS for c in name)
+
+
+@given(st.text(max_size=12), st.text(max_size=12))
+def test_check_header_refuses_exactly_what_rfc_9110_forbids(name: str, value: str) -> None:
+    """Any Unicode name and value: refused iff the name is not a token, or the value has a CR,
+    LF or NUL or a character outside Latin-1 (the regular expressions against the RFC's words)."""
+    allowed = (
+        _is_token(name)
+        and not any(c in value for c in "\r\n\0")
+        and all(ord(c) < 256 for c in value)
+    )
+    try:
+        check_header(name, value)
+    except ValueError:
+        assert not allowed
+    else:
+        assert allowed
 
 
 # Through the services: Serper behind the tool server, an OpenAI-compatible judge behind the

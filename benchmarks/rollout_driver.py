@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 import json
 import os
 import statistics
@@ -85,9 +86,12 @@ async def episodes(
     url: str, samples: int, turns: int, tokenizer: Any, log: bool = False, step: int = 0
 ) -> dict[str, Any]:
     try:
-        from deepdive.generate import generate_with_tool
+        hooks = importlib.import_module("deepdive.generate")
     except ImportError:  # a tree from before the hooks' split (2a5d2bd and older)
-        from deepdive.rollout import generate_with_tool  # type: ignore[import-not-found,no-redef]
+        # By name, not `from ... import`: mypy would judge a module this tree lacks, and
+        # its verdict differs between a checkout and an installed wheel.
+        hooks = importlib.import_module("deepdive.rollout")
+    generate_with_tool = hooks.generate_with_tool
     from deepdive.sample import LocalSample
 
     args = Namespace(

@@ -221,7 +221,7 @@ def show_side_by_side_loads(console: Console, tools: dict[str, Any]) -> None:
         "sessions",
         f"CPU ms/call {base}",
         "CPU ms/call now",
-        "CPU ratio",
+        f"CPU {base} / now",
         f"calls/s {base}",
         "calls/s now",
         f"added p50/p99 {base}",
@@ -316,7 +316,7 @@ def show_side_by_side_rollout(console: Console, rollouts: dict[str, Any]) -> Non
     base = rollouts["baseline"]
     roll = Table(title=f"rollout CPU per turn, this checkout vs {rollouts['baseline']}")
     right_aligned(
-        roll, ("episodes", f"ms/turn {base}", "ms/turn now", "ratio", "identical samples")
+        roll, ("episodes", f"ms/turn {base}", "ms/turn now", f"{base} / now", "identical samples")
     )
     for run in rollouts["runs"]:
         roll.add_row(

@@ -309,7 +309,7 @@ def show_side_by_side_reward(console: Console, rewards: dict[str, Any]) -> None:
             f"{rewards[f'{side}_timeouts']} of {rewards[f'{side}_requests']}",
         )
     console.print(reward)
-    console.print(f"reward server CPU ratio: {rewards['cpu_ratio']:.2f}x")
+    console.print(f"reward server CPU {base} / now: {rewards['cpu_ratio']:.2f}x")
 
 
 def show_side_by_side_rollout(console: Console, rollouts: dict[str, Any]) -> None:

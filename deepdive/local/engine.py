@@ -34,6 +34,7 @@ from starlette.types import ASGIApp
 
 from deepdive.local.grpo import scoring_temperature
 from deepdive.local.model import logits_to_keep
+from deepdive.local.sampling import next_tokens
 from deepdive.protocol import MISSING, json_kind
 from services.base.errors import RequestError
 from services.base.logs import log_event
@@ -218,13 +219,23 @@ class LocalEngine:
             rows = list(range(len(requests)))  # the request in each slot of the batch
             while True:
                 logprobs = torch.log_softmax(logits / scale, dim=-1)
+                batch = [requests[row] for row in rows]
+                tokens = next_tokens(
+                    logprobs,
+                    logits,
+                    [r.temperature for r in batch],
+                    [r.top_p for r in batch],
+                    [generators[row] for row in rows],
+                )
+                picked = torch.tensor(tokens, device=device)[:, None]
+                token_logprobs = logprobs.gather(1, picked)[:, 0].tolist()
                 decoding, next_ids = [], []
                 for slot, row in enumerate(rows):
                     request, result = requests[row], results[row]
                     if request.max_new_tokens > 0:
-                        token = _sample(logits[slot], request, generators[row])
+                        token = tokens[slot]
                         result.ids.append(token)
-                        result.logprobs.append(float(logprobs[slot, token]))
+                        result.logprobs.append(token_logprobs[slot])
                         result.finish_reason = self._finish(request, result, token, eos)
                     else:
                         result.finish_reason = "length"
@@ -261,24 +272,22 @@ class LocalEngine:
         if token in eos or token in request.stop_token_ids:
             return "stop"
         if request.stop:
-            text = self.tokenizer.decode(result.ids, skip_special_tokens=False)
-            if any(s in text for s in request.stop):
+            text = stop_window(self.tokenizer, result.ids, request.stop)
+            if any(stop in text for stop in request.stop):
                 return "stop"
         return "length" if len(result.ids) >= request.max_new_tokens else None
 
 
-def _sample(logits: Any, request: GenerationRequest, generator: Any) -> int:
-    import torch
-
-    if request.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / request.temperature, dim=-1)
-    if request.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < request.top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-        probs = probs / probs.sum()
-    return int(torch.multinomial(probs, 1, generator=generator))
+def stop_window(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> str:
+    """The text of the last tokens, enough to hold any stop the newest token completes.
+    Checked after every token, a stop first found in the whole text ends in the newest token;
+    a stop of L characters is at most 4L bytes (UTF-8) and a token at least one byte, so the
+    last 4L + 3 tokens hold it whole (the newest may end a character begun 3 bytes before it);
+    8 instead of 3 is a margin. Decoding the whole text after every token made a long row's
+    stop check quadratic."""
+    reach = 4 * max(len(stop) for stop in stops) + 8
+    text: str = tokenizer.decode(ids[-reach:], skip_special_tokens=False)
+    return text
 
 
 def parse_request(body: Any, vocab_size: int | None = None) -> GenerationRequest:

@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -20,6 +22,7 @@ from deepdive.local.engine import (  # noqa: E402
     GenerationResult,
     LocalEngine,
     create_engine_app,
+    stop_window,
 )
 from deepdive.local.model import new_model, train_tokenizer  # noqa: E402
 from deepdive.offline.build import write_world  # noqa: E402
@@ -148,6 +151,35 @@ def test_stops_and_length(engine: LocalEngine) -> None:
         [GenerationRequest(ids, 6, temperature=0, stop_token_ids=(free.ids[0],))]
     )
     assert by_id.finish_reason == "stop" and len(by_id.ids) == 1
+
+
+def first_stop(tokenizer: Any, ids: list[int], stop: str, window: bool) -> int | None:
+    """The first token after which `stop` is in the text: the whole text's, or the window's."""
+    for end in range(1, len(ids) + 1):
+        text = (
+            stop_window(tokenizer, ids[:end], (stop,))
+            if window
+            else tokenizer.decode(ids[:end], skip_special_tokens=False)
+        )
+        if stop in text:
+            return end
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(min_size=1, max_size=60), start=st.integers(0, 59), size=st.integers(1, 12))
+def test_a_stop_is_found_at_the_same_token_in_the_window_as_in_the_whole_text(
+    engine: LocalEngine, text: str, start: int, size: int
+) -> None:
+    """Over any Unicode (characters split across byte-level tokens included), the stop check on
+    the last tokens' text fires exactly where the check on the whole text did."""
+    ids = engine.tokenizer.encode(text + TOOL_CALL_CLOSE + text, add_special_tokens=False)
+    whole = engine.tokenizer.decode(ids, skip_special_tokens=False)
+    for stop in (whole[start : start + size], TOOL_CALL_CLOSE, "\ufffd", "never said"):
+        if stop:
+            assert first_stop(engine.tokenizer, ids, stop, window=True) == first_stop(
+                engine.tokenizer, ids, stop, window=False
+            ), (text, stop)
 
 
 def test_the_http_contract_and_batching(engine: LocalEngine) -> None:

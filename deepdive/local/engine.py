@@ -7,7 +7,9 @@ It is served like every other service (`services.web.service_app`): bearer auth 
 /health when a token is set, malformed input a 4xx naming the field, no tracebacks.
 
 Concurrent requests are batched: they wait a few milliseconds for company, then decode together
-with a KV cache (left-padded), one forward pass per step for the rows still decoding. A request is
+with a KV cache (left-padded), one forward pass per step for the rows still decoding
+(deepdive.local.decoder). A finished row's cache is kept, and a request that extends it (the
+episode's next turn) computes only its new tokens (deepdive.local.prefix_store). A request is
 checked before it joins a batch, so one client's bad token id or seed never fails the others.
 The reported log-probs are those of the distribution each token was sampled from,
 log softmax(logits / temperature) (SGLang's default; plain log softmax for greedy rows), so a
@@ -32,8 +34,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from deepdive.local.decoder import Decoder, DirectDecoder, TransformersDecoder, supports_direct
 from deepdive.local.grpo import scoring_temperature
-from deepdive.local.model import logits_to_keep
+from deepdive.local.prefix_store import PrefixStore
 from deepdive.local.sampling import next_tokens
 from deepdive.protocol import MISSING, json_kind
 from services.base.errors import RequestError
@@ -76,12 +79,16 @@ class LocalEngine:
         tokenizer: Any,
         max_batch: int = DEFAULT_MAX_BATCH,
         batch_window_s: float = 0.005,
+        prefix_cache_mb: int = 256,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
         self.batch_sizes: list[int] = []
+        # the Qwen2 family decodes through its own layers, with a prefix cache across turns
+        self.direct = supports_direct(model)
+        self.prefix_store = PrefixStore(prefix_cache_mb * 2**20)
         self._lock = threading.Lock()  # weights never change in the middle of a batch
         self._queue: (
             asyncio.Queue[tuple[GenerationRequest, asyncio.Future[GenerationResult]]] | None
@@ -100,6 +107,7 @@ class LocalEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self._lock:
             self.model.load_state_dict(state)
+            self.prefix_store.clear()  # computed by the old weights
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         loop = asyncio.get_running_loop()
@@ -180,37 +188,19 @@ class LocalEngine:
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Decode every request to its own stop or length, together. A row that is done leaves
         the batch, so the others decode without it: with the rows of a turn ending anywhere
-        from 20 to 150 tokens, half of a batch's row-steps decoded rows already done."""
+        from 20 to 150 tokens, half of a batch's row-steps decoded rows already done. A done
+        row's cache is kept for the request that extends it (the episode's next turn)."""
         import torch
 
         with self._lock, torch.no_grad():
-            model, device = self.model, next(self.model.parameters()).device
-            width = max(len(r.input_ids) for r in requests)
-            pad = self.tokenizer.pad_token_id or 0
-            ids = torch.tensor(
-                [[pad] * (width - len(r.input_ids)) + r.input_ids for r in requests], device=device
-            )
-            mask = torch.tensor(
-                [[0] * (width - len(r.input_ids)) + [1] * len(r.input_ids) for r in requests],
-                device=device,
-            )
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            decoder = self._decoder(requests)
+            device = decoder.logits.device
             generators = [
                 torch.Generator(device=device).manual_seed(r.seed) if r.seed is not None else None
                 for r in requests
             ]
             results = [GenerationResult() for _ in requests]
             eos = {self.tokenizer.eos_token_id}
-            out = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                # only the last position onto the vocabulary: the projection of every
-                # position was a third of a 450-token prompt pass of the embedded default
-                **logits_to_keep(model, 1),
-            )
-            past, logits = out.cache, out.logits[:, -1, :].float()
             # SGLang's default: the log-probs of the distribution each token was sampled from,
             # softmax(logits / temperature); greedy rows report the plain softmax
             scale = torch.tensor(
@@ -218,6 +208,7 @@ class LocalEngine:
             )
             rows = list(range(len(requests)))  # the request in each slot of the batch
             while True:
+                logits = decoder.logits
                 logprobs = torch.log_softmax(logits / scale, dim=-1)
                 batch = [requests[row] for row in rows]
                 tokens = next_tokens(
@@ -242,28 +233,32 @@ class LocalEngine:
                     if result.finish_reason is None:
                         decoding.append(slot)
                         next_ids.append(result.ids[-1])
+                    else:
+                        self._keep_cache(decoder, slot, request.input_ids + result.ids[:-1])
                 if not decoding:
                     break
                 if len(decoding) < len(rows):  # the rows that are done leave the batch
-                    keep = torch.tensor(decoding, device=device)
-                    past.batch_select_indices(keep)
-                    mask, positions, scale = mask[keep], positions[keep], scale[keep]
+                    decoder.keep(decoding)
+                    scale = scale[torch.tensor(decoding, device=device)]
                     rows = [rows[slot] for slot in decoding]
-                mask = torch.cat(
-                    [mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=-1
-                )
-                positions = positions[:, -1:] + 1
-                out = model(
-                    input_ids=torch.tensor([next_ids], device=device).T,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    cache=past,
-                    use_cache=True,
-                )
-                past, logits = out.cache, out.logits[:, -1, :].float()
+                decoder.step(next_ids)
             for result in results:
                 result.text = self.tokenizer.decode(result.ids, skip_special_tokens=False)
             return results
+
+    def _decoder(self, requests: list[GenerationRequest]) -> Decoder:
+        pad = self.tokenizer.pad_token_id or 0
+        prompts = [r.input_ids for r in requests]
+        if not self.direct:
+            return TransformersDecoder(self.model, prompts, pad)
+        cached = [self.prefix_store.take(p) for p in prompts]
+        new_tokens = max(r.max_new_tokens for r in requests)
+        return DirectDecoder(self.model, prompts, cached, new_tokens, pad)
+
+    def _keep_cache(self, decoder: Decoder, slot: int, ids: list[int]) -> None:
+        layers = decoder.row_cache(slot)
+        if layers is not None:
+            self.prefix_store.put(ids, layers)
 
     def _finish(
         self, request: GenerationRequest, result: GenerationResult, token: int, eos: set[int]

@@ -104,7 +104,10 @@ def examples_from(samples: list[Any], advantages: list[float]) -> list[Example]:
             tokens=list(s.tokens),
             prompt_length=len(s.tokens) - s.response_length,
             loss_mask=list(s.loss_mask or []),
-            old_logprobs=list(s.rollout_log_probs or []),
+            # the trainer's own, not the engine's (`rollout_log_probs`): slime's default
+            # (no --use-rollout-logprobs), and an update that the engine's batching cannot
+            # change (its log-probs differ in the last bits with the batch a row decoded in)
+            old_logprobs=None,
             advantage=advantage,
         )
         for s, advantage in zip(samples, advantages, strict=True)

@@ -19,8 +19,9 @@ from deepdive.local.grpo import grpo_loss, masked_sample_mean, token_logprobs
 @dataclass
 class Example:
     """One sequence to learn from: prompt + response tokens, the response's loss mask, and for
-    GRPO the log-probs it was sampled with and its advantage. A supervised example's mask may
-    hold weights between 0 and 1 (the warm start's weighted observations)."""
+    GRPO its advantage and the old policy's log-probs of the response (None: the policy's own
+    before this update, as slime recomputes them without --use-rollout-logprobs). A supervised
+    example's mask may hold weights between 0 and 1 (the warm start's weighted observations)."""
 
     tokens: list[int]
     prompt_length: int
@@ -124,6 +125,26 @@ class PolicyTrainer:
         self.model.eval()
         return {"loss": total, "grad_norm": norm, "tokens": tokens}
 
+    def score(self, examples: Sequence[Example], temperature: float = 1.0) -> None:
+        """Fill each example's missing `old_logprobs` with the policy's own, in the micro batches
+        and mode `grpo_step` scores them in (so equal to what its first pass computes): the old
+        policy of updates that follow one another on one rollout batch."""
+        import torch
+
+        self.model.train()
+        with torch.no_grad():
+            for chunk in micro_batches(examples, self.settings.micro_batch):
+                sequences = [e.tokens for e in chunk]
+                scored = token_logprobs(
+                    self.model, sequences, self.pad_id, temperature, _scored_from(chunk)
+                )
+                for row, example in enumerate(chunk):
+                    if example.old_logprobs is None:
+                        start = example.prompt_length - 1
+                        end = start + len(example.loss_mask)
+                        example.old_logprobs = scored[row, start:end].tolist()
+        self.model.eval()
+
     def grpo_step(
         self,
         examples: Sequence[Example],
@@ -136,13 +157,16 @@ class PolicyTrainer:
         """One optimizer step of the PPO-clip loss (plus KL to the reference when kl_coef > 0)
         on log-probs at the rollout `temperature` (as slime scores them). Each pass is weighted
         by its share of the batch (of samples, or of tokens when per_token), so the accumulated
-        gradient is the whole batch's."""
+        gradient is the whole batch's. An example without `old_logprobs` is on-policy: its old
+        log-probs are this pass's own, detached (this step's weights are the old policy)."""
         import torch
 
         sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         # A zero-advantage sample adds exactly nothing to the loss or its gradient (without KL),
         # but still counts in the per-sample mean: skip its passes, keep its share.
         active = [e for e in examples if e.advantage != 0 or kl_coef > 0]
+        if any(e.old_logprobs is None for e in active) and any(e.old_logprobs for e in active):
+            self.score(active, temperature)  # a mixed batch: score the on-policy ones first
         total_tokens = sum(sum(e.loss_mask) for e in examples)
         self.model.train()
         for chunk in micro_batches(active, self.settings.micro_batch):
@@ -151,7 +175,10 @@ class PolicyTrainer:
             first = _scored_from(chunk)
             logprobs = token_logprobs(self.model, sequences, self.pad_id, temperature, first)
             mask = response_tensor(chunk, width, lambda e: e.loss_mask, logprobs.device)
-            old = response_tensor(chunk, width, lambda e: e.old_logprobs, logprobs.device)
+            if all(e.old_logprobs is None for e in chunk):
+                old = logprobs.detach()
+            else:
+                old = response_tensor(chunk, width, lambda e: e.old_logprobs, logprobs.device)
             advantages = torch.tensor(
                 [e.advantage for e in chunk], dtype=torch.float, device=logprobs.device
             )

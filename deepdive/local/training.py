@@ -194,6 +194,8 @@ def grpo_step(
     started = time.monotonic()
     update: dict[str, float] = {}
     chunk = max(1, len(examples) // grpo.updates_per_step)
+    if grpo.updates_per_step > 1:  # the later updates' old policy is this one, not theirs
+        trainer.score(examples, scoring_temperature(config.rollout.temperature))
     for start in range(0, len(examples), chunk):
         parts = trainer.grpo_step(
             examples[start : start + chunk],

@@ -215,3 +215,59 @@ def test_a_model_without_logits_to_keep_is_scored_the_same(tokenizer: Any) -> No
     kept = token_logprobs(model, sequences, tokenizer.pad_token_id, 0.7, first=4)
     whole = token_logprobs(WholeProjection(model), sequences, tokenizer.pad_token_id, 0.7, first=4)
     assert torch.equal(kept, whole)
+
+
+def grpo_samples(noise: float) -> list[Any]:
+    """Two groups' samples whose engine-reported log-probs are off by `noise` (the last bits a
+    row's batch companions change in the local engine)."""
+    from deepdive.sample import LocalSample
+
+    samples = []
+    for n in (8, 11, 14, 9):
+        mask = [1, 0] * ((n - 3) // 2) + [1] * ((n - 3) % 2)
+        reported = [-2.0 + noise * i for i in range(len(mask))]
+        samples.append(
+            LocalSample(
+                tokens=list(range(5, 5 + n)),
+                response_length=len(mask),
+                loss_mask=mask,
+                rollout_log_probs=reported,
+            )
+        )
+    return samples
+
+
+def test_an_update_does_not_depend_on_the_engines_reported_logprobs(tokenizer: Any) -> None:
+    """The old policy is the trainer's own (slime's default, no --use-rollout-logprobs), so a
+    run whose engine batched a row differently still makes bit-equal updates."""
+    from deepdive.local.episodes import examples_from
+
+    weights = []
+    for noise in (0.0, 1e-6):
+        model = new_model(tokenizer, seed=4, hidden=32, layers=1, heads=2)
+        trainer = PolicyTrainer(model, tokenizer.pad_token_id, OptimizerSettings(lr=1e-2))
+        examples = examples_from(grpo_samples(noise), [1.0, -0.5, 0.25, -0.75])
+        trainer.grpo_step(examples, 0.2, 0.28, per_token=True, temperature=0.7)
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+
+
+def test_scored_old_logprobs_give_the_on_policy_step(tokenizer: Any) -> None:
+    """`score` (what updates after the first on one batch use as the old policy) fills in
+    exactly the log-probs an on-policy step takes as its own."""
+    from deepdive.local.episodes import examples_from
+
+    weights, losses = [], []
+    for scored in (False, True):
+        model = new_model(tokenizer, seed=4, hidden=32, layers=1, heads=2)
+        trainer = PolicyTrainer(
+            model, tokenizer.pad_token_id, OptimizerSettings(lr=1e-2, micro_batch=2)
+        )
+        examples = examples_from(grpo_samples(0.0), [1.0, -0.5, 0.25, -0.75])
+        if scored:
+            trainer.score(examples, 0.7)
+            assert all(len(e.old_logprobs or []) == len(e.loss_mask) for e in examples)
+        losses.append(trainer.grpo_step(examples, 0.2, 0.28, temperature=0.7)["loss"])
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert losses[0] == losses[1]
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))

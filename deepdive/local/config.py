@@ -1,7 +1,7 @@
 """The configuration of `deepdive run` (configs/local.toml), as typed dataclasses.
 
 The defaults ARE the recipe: the measured one that configs/local.toml writes out key by key
-(`make run` trains it in about 10 minutes on 2 CPU cores), so `deepdive run` without a file
+(`make run` trains it in about 6 minutes on 2 CPU cores), so `deepdive run` without a file
 trains the same thing as `deepdive run configs/local.toml`; tests/deepdive/test_local_config.py keeps
 the two equal. Every table and key of a file is optional (an omitted one takes its default);
 an unknown key, a wrong type or a missing model folder fails before anything starts, naming

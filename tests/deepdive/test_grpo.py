@@ -238,8 +238,11 @@ def grpo_samples(noise: float) -> list[Any]:
 
 
 def test_an_update_does_not_depend_on_the_engines_reported_logprobs(tokenizer: Any) -> None:
-    """The old policy is the trainer's own (slime's default, no --use-rollout-logprobs), so a
-    run whose engine batched a row differently still makes bit-equal updates."""
+    """The old policy is the trainer's own, so a run whose engine batched a row differently
+    still makes bit-equal updates. slime at 624b824 does the same unless
+    --use-rollout-logprobs: slime/backends/megatron_utils/loss.py line 965 takes
+    `batch.get("log_probs")` (the actor's), and actor.py lines 461-472 reuse the loss's own
+    forward for them when one update uses the batch (`can_reuse_log_probs_in_loss`)."""
     from deepdive.local.episodes import examples_from
 
     weights = []

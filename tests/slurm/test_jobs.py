@@ -200,6 +200,18 @@ def test_a_two_node_job_trains_with_rollouts_from_both_nodes_and_keeps_secrets(
     for row in rows:  # every step's episodes were played on both nodes, half each
         assert row["samples_node_0"] == row["samples_node_1"] == 4, row
     assert sorted(path.name for path in (run / "checkpoints").iterdir())[-1] == "step-000004"
+    # what the agent did, as the viewer reads it: each step's episodes and agent statistics
+    stats = [
+        orjson.loads(line)
+        for line in (run / "trajectories" / "stats.jsonl").read_bytes().splitlines()
+    ]
+    assert [row["step"] for row in stats if not row.get("evaluation")] == [1, 2, 3, 4]
+    shown = deepdive("trajectories", str(run), "--step", "4", env=job_env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "step 4 ·" in shown.stdout and "matching episode(s) shown" in shown.stdout
+    page = tmp_path / "report.html"
+    written = deepdive("trajectories", str(run), "--html", str(page), env=job_env)
+    assert written.returncode == 0 and page.stat().st_size > 0, written.stderr
     for node in (0, 1):  # each node served its own worker (the services logged to its folder)
         ready = note(attempt / f"node-{node}.json")
         assert set(ready["services"]) == {"tools", "reward"}

@@ -68,6 +68,12 @@ def micro_batches(examples: Sequence[Example], size: int) -> Iterator[list[Examp
         yield ordered[start : start + size]
 
 
+def learned_from(examples: Sequence[Example], kl_coef: float) -> list[Example]:
+    """The examples a GRPO step passes through the model: a zero-advantage sample adds exactly
+    nothing to the loss or its gradient (without KL), but still counts in the per-sample mean."""
+    return [e for e in examples if e.advantage != 0 or kl_coef > 0]
+
+
 class PolicyTrainer:
     def __init__(
         self,
@@ -126,9 +132,9 @@ class PolicyTrainer:
         return {"loss": total, "grad_norm": norm, "tokens": tokens}
 
     def score(self, examples: Sequence[Example], temperature: float = 1.0) -> None:
-        """Fill each example's missing `old_logprobs` with the policy's own, in the micro batches
-        and mode `grpo_step` scores them in (so equal to what its first pass computes): the old
-        policy of updates that follow one another on one rollout batch."""
+        """Fill each example's missing `old_logprobs` with the policy's own, in the mode and
+        micro batching `grpo_step` uses (for the same examples, the values its first pass
+        computes): the old policy of updates that follow one another on one rollout batch."""
         import torch
 
         self.model.train()
@@ -162,9 +168,8 @@ class PolicyTrainer:
         import torch
 
         sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
-        # A zero-advantage sample adds exactly nothing to the loss or its gradient (without KL),
-        # but still counts in the per-sample mean: skip its passes, keep its share.
-        active = [e for e in examples if e.advantage != 0 or kl_coef > 0]
+        # skip the passes of the examples that add nothing (`learned_from`), keep their share
+        active = learned_from(examples, kl_coef)
         if any(e.old_logprobs is None for e in active) and any(e.old_logprobs for e in active):
             self.score(active, temperature)  # a mixed batch: score the on-policy ones first
         total_tokens = sum(sum(e.loss_mask) for e in examples)

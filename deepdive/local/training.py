@@ -22,7 +22,7 @@ from deepdive.local.grpo import group_advantages, scoring_temperature
 from deepdive.local.prompts import PromptSampler
 from deepdive.local.rollouts import Rollouts
 from deepdive.local.run_log import RunLog, plot_rewards
-from deepdive.local.trainer import OptimizerSettings, PolicyTrainer
+from deepdive.local.trainer import OptimizerSettings, PolicyTrainer, learned_from
 from deepdive.local.warm_start_stage import run_warm_start
 from deepdive.sample import status_name
 from deepdive.save_timing import SaveTimer, WarningFlag
@@ -195,7 +195,9 @@ def grpo_step(
     update: dict[str, float] = {}
     chunk = max(1, len(examples) // grpo.updates_per_step)
     if grpo.updates_per_step > 1:  # the later updates' old policy is this one, not theirs
-        trainer.score(examples, scoring_temperature(config.rollout.temperature))
+        trainer.score(
+            learned_from(examples, grpo.kl_coef), scoring_temperature(config.rollout.temperature)
+        )
     for start in range(0, len(examples), chunk):
         parts = trainer.grpo_step(
             examples[start : start + chunk],

@@ -14,7 +14,9 @@
 #                                     suite run INSIDE the SIF (`make test-installed`, the project
 #                                     mounted read-only, results written to $CI_RESULTS)
 #   scripts/containers.sh train       the training image with Apptainer (needs a registry)
-#   scripts/containers.sh pin         re-resolve the base digests in pins.env (skopeo)
+#   scripts/containers.sh pin         re-resolve the base digests in pins.env (skopeo), pull
+#                                     the training base once and record what it holds
+#                                     (containers/base-record.json, train_checks.py record)
 #
 # Cached between runs under $DEEPDIVE_CI_CACHE (default ~/.cache/deepdive-ci): the debootstrap
 # root file system, and podman's images (tagged by the hash of what built them), so a second
@@ -30,7 +32,8 @@ CACHE=${DEEPDIVE_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deepdive-ci}
 RESULTS=${CI_RESULTS:-$ROOT/containers/build/results}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/containers/podman/containers.conf}
 # only the CPU image's torch wheel needs Python (pip download): the project's venv when there is
-# one, else the host's python3; the training image's build needs none (a fresh build host)
+# one, else the host's python3; the training image's build needs only the host's python3 (a
+# fresh build host: train_checks.py is standard library only)
 if [[ -z ${PYTHON:-} ]]; then
   PYTHON=python3
   [[ -x $ROOT/.venv/bin/python ]] && PYTHON=$ROOT/.venv/bin/python
@@ -68,6 +71,9 @@ context() {  # what both images are built from (no Python needed)
   rm -rf "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
   mkdir -p "$BUILD/project" "$BUILD/wheels" "$BUILD/ca"
   git archive HEAD | tar -x -C "$BUILD/project"
+  # the training base's record as `make image` checked it (`make pin-images` may not be
+  # committed yet; the digest it goes with is pins.env's, read from the checkout too)
+  [[ ! -f containers/base-record.json ]] || cp containers/base-record.json "$BUILD/project/containers/"
   if [[ -n ${EXTRA_CA_DIR:-} ]]; then
     cp "$EXTRA_CA_DIR"/*.crt "$BUILD/ca/"  # the builder stage only
   fi
@@ -202,6 +208,11 @@ train() {
       "docs/image.md, \"Apptainer versions\")" >&2
     exit 2
   fi
+  need python3 python3
+  # the base as `make pin-images` recorded it: of this digest, naming no problem (before the
+  # download: a base that cannot pass %test is refused here, not after it)
+  python3 containers/train_checks.py ready containers/base-record.json \
+    "$(by_digest "$TRAIN_BASE_TAG" "$TRAIN_BASE_DIGEST")"
   context
   # NOTEST=1: --notest, for a build host without a GPU driver (%test imports need libcuda);
   # then `apptainer test --nv IMAGE` on a GPU node (`make gpu-smoke` step 1 runs it)
@@ -210,13 +221,36 @@ train() {
   apptainer build "${notest[@]}" --build-arg-file "$BUILD/train.args" "${IMAGE:-deepdive-train.sif}" containers/train.def
 }
 
+record_base() {  # record_base NAME@DIGEST: pull the training base once, record what it holds
+  local image=$1 sandbox=$BUILD/base-sandbox
+  need apptainer apptainer
+  mkdir -p "$BUILD"
+  rm -rf "$sandbox"
+  # a sandbox the user owns (--fix-perms): slime's image keeps its checkouts in /root, mode 0700
+  stamp "pulling $image once, into $sandbox"
+  apptainer build --force --fix-perms --sandbox "$sandbox" "docker://$image"
+  mkdir -p "$sandbox/deepdive-containers"
+  apptainer exec --writable --contain --bind "$ROOT/containers:/deepdive-containers:ro" "$sandbox" \
+    python3 /deepdive-containers/train_checks.py record --image "$image" \
+    --slime-commit "$SLIME_COMMIT" --megatron-commit "$MEGATRON_COMMIT" \
+    --sglang-version "$SGLANG_VERSION" --slime-repository "$SLIME_REPOSITORY" \
+    > "$BUILD/base-record.json.new"
+  mv "$BUILD/base-record.json.new" containers/base-record.json
+  [[ ${KEEP_SANDBOX:-0} == 1 ]] || rm -rf "$sandbox"
+}
+
 pin() {
   need skopeo skopeo
+  need python3 python3
   local cpu train
   cpu=$(skopeo inspect --format '{{.Digest}}' "docker://$CPU_BASE_TAG")
   train=$(skopeo inspect --format '{{.Digest}}' "docker://$TRAIN_BASE_TAG")
+  record_base "$(by_digest "$TRAIN_BASE_TAG" "$train")"
+  # the digests move only with their record (a failed pull or record leaves both as they were)
   sed -i "s|^CPU_BASE_DIGEST=.*|CPU_BASE_DIGEST=$cpu|; s|^TRAIN_BASE_DIGEST=.*|TRAIN_BASE_DIGEST=$train|" containers/pins.env
-  echo "pinned: $CPU_BASE_TAG@$cpu, $TRAIN_BASE_TAG@$train"
+  echo "pinned: $CPU_BASE_TAG@$cpu, $TRAIN_BASE_TAG@$train; recorded in containers/base-record.json"
+  # what in the base would fail the build, named now (`make image` refuses it too)
+  python3 containers/train_checks.py ready containers/base-record.json "$(by_digest "$TRAIN_BASE_TAG" "$train")"
 }
 
 # sourced (scripts/two-hosts.sh): its functions only

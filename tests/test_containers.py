@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,15 +205,17 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
     for name in (
         "Makefile", "pyproject.toml", "requirements.lock", "README.md",
         "scripts/containers.sh", "scripts/apt-install.sh", "containers/train.def",
-        "containers/install_from_lock.py", "containers/pins.env",
+        "containers/install_from_lock.py", "containers/pins.env", "containers/train_checks.py",
     ):  # fmt: skip
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, checkout / name)
     pinned = (checkout / "containers" / "pins.env").read_text()
-    digest = "sha256:" + "0" * 64  # as `make pin-images` would write it
+    digest = "sha256:" + "0" * 64  # as `make pin-images` would write it, with its record
     (checkout / "containers" / "pins.env").write_text(
         re.sub(r"^TRAIN_BASE_DIGEST=.*$", f"TRAIN_BASE_DIGEST={digest}", pinned, flags=re.M)
     )
+    base_name = pins()["TRAIN_BASE_TAG"].rsplit(":", 1)[0]
+    base_record = {"format": 1, "image": f"{base_name}@{digest}", "problems": []}
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(checkout)]
     subprocess.run([*git[:5], "init", "-q", str(checkout)], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
@@ -222,11 +225,26 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
     (tools / "apptainer").write_text(FAKE_APPTAINER)
     (tools / "apptainer").chmod(0o755)
     record = tmp_path / "apptainer.txt"
-    result = subprocess.run(
-        ["make", "-C", str(checkout), "image"],
-        capture_output=True, text=True, timeout=120,
-        env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "APPTAINER_RECORD": str(record)},
-    )  # fmt: skip
+
+    def image() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", "-C", str(checkout), "image"],
+            capture_output=True, text=True, timeout=120,
+            env={"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "APPTAINER_RECORD": str(record)},
+        )  # fmt: skip
+
+    # no record of the base (`make pin-images` pulls it once and records it): refused before
+    # the build's download, as is a record naming a problem
+    unrecorded = image()
+    assert unrecorded.returncode != 0 and "run 'make pin-images'" in unrecorded.stderr
+    assert not record.exists()
+    kept = checkout / "containers" / "base-record.json"  # uncommitted, as pin-images leaves it
+    kept.write_text(json.dumps({**base_record, "problems": ["its Megatron-LM is at 1dc"]}))
+    problem = image()
+    assert problem.returncode != 0 and "its Megatron-LM is at 1dc" in problem.stderr
+    assert not record.exists()
+    kept.write_text(json.dumps(base_record))
+    result = image()
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (checkout / ".venv").exists()
     lines = record.read_text().splitlines()
@@ -235,6 +253,8 @@ def test_make_image_runs_on_a_fresh_build_host_without_a_venv(tmp_path: Path) ->
         f"argv: build --build-arg-file {build}/train.args deepdive-train.sif containers/train.def"
     )
     assert "project: yes" in lines
+    built = checkout / "containers" / "build" / "project" / "containers" / "base-record.json"
+    assert json.loads(built.read_text()) == base_record  # what %post checks the base against
     name, tag = pins()["TRAIN_BASE_TAG"].rsplit(":", 1)
     assert f"args: TRAIN_BASE={name}@{digest}" in lines and "/" not in tag  # no TAG@DIGEST
     assert f"args: TRAIN_BASE_TAG={name}:{tag}" in lines  # kept, as a label
@@ -384,15 +404,19 @@ def test_the_test_section_imports_slimes_training_path_and_our_hooks() -> None:
 
 
 def test_the_build_checks_conflicts_against_the_bases_own_and_every_step_is_fatal() -> None:
-    """%post records the bare base's pip check first; %test fails on what is new (a plain
-    `pip check` fails on slime's own image: its Dockerfile leaves conflicts)."""
-    post = [line.strip() for line in sections(TRAIN)["post"].splitlines() if line.strip()]
+    """%post first checks the bare base against its record (`make pin-images`: its pip check
+    among the rest); %test fails on what is new (a plain `pip check` fails on slime's own
+    image: its Dockerfile leaves conflicts)."""
+    post = sections(TRAIN)["post"].replace("\\\n", " ").splitlines()  # continued lines joined
+    post = [" ".join(line.split()) for line in post if line.strip()]
     post = [line for line in post if not line.startswith("#")]
     assert post[0] == "set -eu"
     assert post[1] == (
-        "python3 /opt/deepdive-slurm/containers/train_checks.py baseline"
-        " /opt/deepdive-slurm/base-pip-check.txt"
-    )  # before anything is installed
+        "python3 /opt/deepdive-slurm/containers/train_checks.py matches"
+        " --slime-commit {{ SLIME_COMMIT }} --megatron-commit {{ MEGATRON_COMMIT }}"
+        ' --sglang-version "{{ SGLANG_VERSION }}" --slime-repository {{ SLIME_REPOSITORY }}'
+        " /opt/deepdive-slurm/containers/base-record.json"
+    )  # before anything is installed or moved
     _, shell = heredoc_python(percent_test())
     commands = [line.strip() for line in shell.splitlines() if line.strip()]
     commands = [line for line in commands if not line.startswith("#")]
@@ -401,7 +425,7 @@ def test_the_build_checks_conflicts_against_the_bases_own_and_every_step_is_fata
     for check in (
         '$checks sglang /sgl-workspace/sglang "{{ SGLANG_VERSION }}"',
         "$checks uvicorn /opt/deepdive-slurm",
-        "$checks conflicts /opt/deepdive-slurm/base-pip-check.txt",
+        "$checks conflicts /opt/deepdive-slurm/containers/base-record.json",
     ):
         assert check in commands, check  # alone on its line: its failure stops the build
     assert "|| echo" not in shell and "|| true" not in shell
@@ -421,12 +445,15 @@ def test_the_test_section_checks_slimes_patches_in_dockerfile_order() -> None:
     calls = {}
     for command in percent_test().replace("\\\n", " ").splitlines():  # continued lines joined
         words = command.split()
-        if words[:1] == ["applied"]:
-            calls[words[1]] = [Path(word).name for word in words[2:]]
+        if words[:2] == ["$checks", "patches"]:
+            calls[words[2]] = [Path(word).name for word in words[3:]]
     assert calls == {
         "/sgl-workspace/sglang": list(SGLANG_PATCHES),
         "/opt/Megatron-LM": list(MEGATRON_PATCHES),
     }
+    # the record of the pulled base checks them in the same order
+    checks = load_checks()
+    assert (checks.SGLANG_PATCHES, checks.MEGATRON_PATCHES) == (SGLANG_PATCHES, MEGATRON_PATCHES)
     # the patches the base's own build applied (kept by %post before the pin is checked out)
     assert "patches=/opt/deepdive-slurm/base-patches" in percent_test()
     post = sections(TRAIN)["post"]
@@ -434,17 +461,19 @@ def test_the_test_section_checks_slimes_patches_in_dockerfile_order() -> None:
     assert keep < post.index("git -C /opt/slime checkout --quiet {{ SLIME_COMMIT }}")
 
 
-def applied_function() -> str:
-    shell = percent_test()
-    match = re.search(r"^(\s*applied\(\) \{.*?^\s*\}\n)", shell, re.MULTILINE | re.DOTALL)
-    assert match is not None
-    return substituted(match.group(1))
+def load_checks() -> Any:
+    spec = importlib.util.spec_from_file_location("train_checks", CONTAINERS / "train_checks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="the check runs git apply")
 def test_the_patch_check_tells_applied_patches_from_missing_ones(tmp_path: Path) -> None:
-    """The %test's own `applied` function on a tree patched as slime's Dockerfile patches SGLang:
-    two patches touching one file, applied in order, then the first one left out."""
+    """The check %test and the base's record run (`train_checks.py patches`) on a tree patched
+    as slime's Dockerfile patches SGLang: two patches touching one file, applied in order, then
+    the first one left out."""
     tree, patches = tmp_path / "tree", tmp_path / "patches"
     tree.mkdir()
     patches.mkdir()
@@ -470,11 +499,8 @@ def test_the_patch_check_tells_applied_patches_from_missing_ones(tmp_path: Path)
     diff("second.patch", "shared.py", "a = 10\nb = 2\n", "a = 10\nb = 20\n")
 
     def check() -> subprocess.CompletedProcess[str]:
-        script = (
-            applied_function()
-            + f"applied {tree} {patches}/first.patch {patches}/absent.patch {patches}/second.patch"
-        )
-        return subprocess.run(["sh", "-eu"], input=script, capture_output=True, text=True)
+        names = ("first.patch", "absent.patch", "second.patch")
+        return train_checks(None, "patches", str(tree), *(str(patches / name) for name in names))
 
     assert check().returncode == 1  # nothing applied yet
     for name in ("first.patch", "second.patch"):
@@ -483,7 +509,7 @@ def test_the_patch_check_tells_applied_patches_from_missing_ones(tmp_path: Path)
     assert result.returncode == 0, result.stderr  # both in, the shared file judged by the last
     subprocess.run(["git", "apply", "-R", str(patches / "first_only.patch")], cwd=tree, check=True)
     result = check()
-    assert result.returncode == 1 and "first.patch is not applied" in result.stderr
+    assert result.returncode == 1 and "first.patch not applied" in result.stderr
 
 
 def test_slime_and_megatron_live_where_every_user_can_read_them() -> None:
@@ -559,23 +585,261 @@ def fake_base(tmp_path: Path) -> tuple[Path, Path]:
     return base / "bin" / "python", site
 
 
-def train_checks(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def train_checks(python: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
     """The checks on a fake base, which sees only its own site-packages: the container CI runs
     the suite with PYTHONPATH=/src, whose deepdive_slurm.egg-info would shadow the fake's."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    target = ["--python", str(python)] if python else []
     return subprocess.run(
-        [sys.executable, str(CHECKS), "--python", str(python), *args],
+        [sys.executable, str(CHECKS), *target, *args],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
+
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+SGLANG_PATCH = (
+    "diff --git a/server.py b/server.py\n--- a/server.py\n+++ b/server.py\n"
+    "@@ -1 +1 @@\n-top_p = 1.0\n+top_p = 0.9\n"
+)
+MEGATRON_PATCH = (
+    "diff --git a/model.py b/model.py\n--- a/model.py\n+++ b/model.py\n"
+    "@@ -1 +1 @@\n-fused = False\n+fused = True\n"
+)
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run([*GIT, *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def slime_base(fake_base: tuple[Path, Path], tmp_path: Path) -> dict[str, str]:
+    """slime's image in miniature under tmp_path, as its Dockerfile leaves it: /root/slime at the
+    commit it was built from (its clone also holds a later commit with the same patches and one
+    that changes them), /root/Megatron-LM and SGLang's tree with those patches applied."""
+    slime = tmp_path / "root" / "slime"
+    patches = slime / "docker" / "patch" / "latest"
+    patches.mkdir(parents=True)
+    (patches / "sglang.patch").write_text(SGLANG_PATCH)
+    (patches / "megatron.patch").write_text(MEGATRON_PATCH)
+    git(slime, "init", "-q")
+    git(slime, "add", "-A")
+    git(slime, "commit", "-q", "-m", "the base's slime")
+    built = git(slime, "rev-parse", "HEAD")
+    (slime / "train.py").write_text("# later\n")
+    git(slime, "add", "-A")
+    git(slime, "commit", "-q", "-m", "same patches")
+    same = git(slime, "rev-parse", "HEAD")
+    (patches / "sglang.patch").write_text(SGLANG_PATCH.replace("0.9", "0.95"))
+    git(slime, "commit", "-q", "-am", "other patches")
+    other = git(slime, "rev-parse", "HEAD")
+    git(slime, "checkout", "-q", built)
+    megatron = tmp_path / "root" / "Megatron-LM"
+    megatron.mkdir()
+    (megatron / "model.py").write_text("fused = False\n")
+    git(megatron, "init", "-q")
+    git(megatron, "add", "-A")
+    git(megatron, "commit", "-q", "-m", "megatron")
+    git(megatron, "apply", str(patches / "megatron.patch"))
+    tree = tmp_path / "sgl-workspace" / "sglang"
+    (tree / "server.py").write_text("top_p = 0.9\n")  # sglang.patch applied
+    python, _ = fake_base
+    return {
+        "python": str(python), "root": str(tmp_path), "built": built, "same": same,
+        "other": other, "megatron": git(megatron, "rev-parse", "HEAD"),
+    }  # fmt: skip
+
+
+IMAGE = "docker.io/slimerl/slime@sha256:" + "1" * 64
+
+
+def record_base(
+    python: Path | str, root: Path | str, *, pin: str = "", megatron: str = "", image: str = IMAGE
+) -> subprocess.CompletedProcess[str]:
+    """`train_checks.py record` of a fake base, as `make pin-images` runs it in the pulled one."""
+    return train_checks(
+        Path(python), "--root", str(root), "record", "--image", image,
+        "--slime-commit", pin or "0" * 40, "--megatron-commit", megatron or "0" * 40,
+        "--sglang-version", pins()["SGLANG_VERSION"],
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the record reads git checkouts")
+def test_the_pulled_base_is_recorded_with_what_would_fail_the_build(
+    slime_base: dict[str, str], tmp_path: Path
+) -> None:
+    base = slime_base
+    recorded = tmp_path / "base-record.json"
+
+    def record(**overrides: str) -> dict[str, Any]:
+        values = {"pin": base["same"], "megatron": base["megatron"], **overrides}
+        found = record_base(base["python"], base["root"], **values)
+        assert found.returncode == 0, found.stderr
+        recorded.write_text(found.stdout)
+        parsed: dict[str, Any] = json.loads(found.stdout)
+        return parsed
+
+    good = record()
+    assert good["problems"] == []
+    assert good["image"] == IMAGE
+    assert good["slime"] == {"commit": base["built"], "pin": base["same"], "pin_patches": "same"}
+    assert good["megatron"]["commit"] == base["megatron"]
+    assert good["sglang"]["version"] == "0.0.0.dev1+g06ffdbe22"  # a dev build: the tree decides
+    assert (good["uvicorn"], good["numpy"]) == ("0.30.6", "1.26.4")  # SGLang's: the lock replaces
+    digest = hashlib.sha256(SGLANG_PATCH.encode()).hexdigest()
+    assert good["patches"]["sglang.patch"] == {"sha256": digest, "applied": True}
+    assert good["patches"]["megatron.patch"]["applied"] is True
+    ready = train_checks(None, "ready", str(recorded), IMAGE)
+    assert ready.returncode == 0, ready.stderr
+    moved = train_checks(None, "ready", str(recorded), IMAGE.replace("1" * 64, "2" * 64))
+    assert moved.returncode != 0 and f"records {IMAGE}, containers/pins.env names" in moved.stderr
+    matches = train_checks(
+        Path(base["python"]), "--root", base["root"], "matches", str(recorded),
+        "--slime-commit", base["same"], "--megatron-commit", base["megatron"],
+        "--sglang-version", pins()["SGLANG_VERSION"],
+    )  # fmt: skip
+    assert matches.returncode == 0, matches.stderr
+
+    # the nightly was built from another slime than the pin (#2262's branch): named, refused
+    other = record(pin=base["other"])["problems"]
+    assert other == [
+        f"it was built with slime {base['built']}'s patches; {base['other']}'s differ: sglang.patch"
+    ]
+    refused = train_checks(None, "ready", str(recorded), IMAGE)
+    assert refused.returncode != 0 and "would fail the build" in refused.stderr
+    assert "sglang.patch" in refused.stderr
+    absent = record(pin="f" * 40)["problems"]
+    assert len(absent) == 1 and f"the base's slime clone lacks {'f' * 40}" in absent[0]
+    wrong = record(megatron="e" * 40)["problems"]
+    assert wrong == [
+        f"its Megatron-LM is at {base['megatron']}, containers/pins.env says {'e' * 40}"
+    ]
+    tree = Path(base["root"]) / "sgl-workspace" / "sglang"
+    (tree / "server.py").write_text("top_p = 1.0\n")  # sglang.patch not applied
+    unpatched = record()
+    assert unpatched["problems"] == [
+        "sglang.patch is not applied in the base: it is not the slime image it says it is"
+    ]
+    assert unpatched["patches"]["sglang.patch"]["applied"] is False
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the record reads git checkouts")
+def test_the_build_starts_only_from_the_base_its_record_describes(
+    slime_base: dict[str, str], tmp_path: Path
+) -> None:
+    base = slime_base
+    recorded = tmp_path / "base-record.json"
+    found = record_base(base["python"], base["root"], pin=base["same"], megatron=base["megatron"])
+    recorded.write_text(found.stdout)
+    site = Path(base["python"]).parent.parent / "lib" / "python3.11" / "site-packages"
+    shutil.rmtree(site / "uvicorn-0.30.6.dist-info")
+    dist(site, "uvicorn", "0.31.0")  # not the base that was pulled and recorded
+    matches = train_checks(
+        Path(base["python"]), "--root", base["root"], "matches", str(recorded),
+        "--slime-commit", base["same"], "--megatron-commit", base["megatron"],
+        "--sglang-version", pins()["SGLANG_VERSION"],
+    )  # fmt: skip
+    assert matches.returncode != 0
+    assert "uvicorn: '0.31.0', recorded '0.30.6'" in matches.stderr
+    absent = train_checks(None, "ready", str(tmp_path / "none.json"), IMAGE)
+    assert absent.returncode != 0 and "run 'make pin-images'" in absent.stderr
+    recorded.write_text("{")
+    broken = train_checks(None, "ready", str(recorded), IMAGE)
+    assert broken.returncode != 0 and "is not a base record" in broken.stderr
+
+
+FAKE_PIN_TOOLS = {
+    "skopeo": '#!/bin/sh\necho "sha256:$(printf %064d 7)"\n',
+    # `build --sandbox DIR docker://IMAGE` pulls; `exec … DIR python3 SCRIPT ARGS` runs the
+    # record with the host's Python on the fake base (FAKE_ROOT, FAKE_BASE_PYTHON)
+    "apptainer": (
+        "#!/bin/sh\n"
+        'echo "$*" >> "$APPTAINER_LOG"\n'
+        'case "$1" in\n'
+        '  build) [ -n "${FAKE_PULL_FAILS:-}" ] && exit 1; mkdir -p "$5" ;;\n'
+        '  exec) while [ "$1" != python3 ]; do shift; done; shift 2\n'
+        '        exec "$HOST_PYTHON" "$CHECKS" --root "$FAKE_ROOT" --python "$FAKE_BASE_PYTHON"'
+        ' "$@" ;;\n'
+        "esac\n"
+    ),
+}
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or shutil.which("make") is None, reason="needs git and make"
+)
+def test_pin_images_pulls_the_base_once_and_records_it_with_its_digest(
+    slime_base: dict[str, str], tmp_path: Path
+) -> None:
+    checkout = tmp_path / "checkout"
+    for name in (
+        "Makefile", "scripts/containers.sh", "scripts/apt-install.sh", "containers/pins.env",
+        "containers/train_checks.py",
+    ):  # fmt: skip
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, checkout / name)
+    pinned = checkout / "containers" / "pins.env"
+    pinned.write_text(
+        re.sub(r"^SLIME_COMMIT=.*$", f"SLIME_COMMIT={slime_base['same']}", pinned.read_text(), flags=re.M)
+        .replace(pins()["MEGATRON_COMMIT"], slime_base["megatron"])
+    )  # fmt: skip
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name, text in FAKE_PIN_TOOLS.items():
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    log = tmp_path / "apptainer.log"
+    env = {
+        "PATH": f"{tools}:/usr/bin:/bin", "HOME": str(tmp_path), "APPTAINER_LOG": str(log),
+        "HOST_PYTHON": sys.executable, "CHECKS": str(CHECKS), "FAKE_ROOT": slime_base["root"],
+        "FAKE_BASE_PYTHON": slime_base["python"],
+    }  # fmt: skip
+
+    def pin(**more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["make", "-s", "-C", str(checkout), "pin-images"],
+            capture_output=True, text=True, timeout=120, env={**env, **more},
+        )  # fmt: skip
+
+    failed = pin(FAKE_PULL_FAILS="1")  # the digests move only with their record
+    assert failed.returncode != 0
+    assert not (checkout / "containers" / "base-record.json").exists()
+    assert "TRAIN_BASE_DIGEST=\n" in pinned.read_text()
+    done = pin()
+    assert done.returncode == 0, done.stdout + done.stderr
+    digest = "sha256:" + "7".zfill(64)
+    assert f"TRAIN_BASE_DIGEST={digest}\n" in pinned.read_text()
+    name = pins()["TRAIN_BASE_TAG"].rsplit(":", 1)[0]
+    kept = json.loads((checkout / "containers" / "base-record.json").read_text())
+    assert kept["image"] == f"{name}@{digest}" and kept["problems"] == []
+    assert kept["slime"]["commit"] == slime_base["built"]
+    sandbox = checkout / "containers" / "build" / "base-sandbox"
+    assert log.read_text().splitlines()[0] == (
+        f"build --force --fix-perms --sandbox {sandbox} docker://{name}@{digest}"
+    )
+    assert not sandbox.exists()  # removed once recorded (KEEP_SANDBOX=1 keeps it)
+    pinned.write_text(
+        pinned.read_text().replace(
+            f"SLIME_COMMIT={slime_base['same']}", f"SLIME_COMMIT={slime_base['other']}"
+        )
+    )
+    refused = pin()  # recorded, and what would fail the build named now
+    assert refused.returncode != 0 and "would fail the build" in refused.stderr
+    assert json.loads((checkout / "containers" / "base-record.json").read_text())["problems"]
 
 
 def test_only_the_conflicts_this_build_adds_fail_it(
     fake_base: tuple[Path, Path], tmp_path: Path
 ) -> None:
     python, site = fake_base
-    recorded = tmp_path / "base-pip-check.txt"
-    assert train_checks(python, "baseline", str(recorded)).returncode == 0
-    assert "opencv-python-headless 4.12.0.88 has requirement numpy>=2" in recorded.read_text()
+    recorded = tmp_path / "base-record.json"
+    found = record_base(python, tmp_path)
+    assert found.returncode == 0, found.stderr
+    recorded.write_text(found.stdout)
+    assert (
+        "opencv-python-headless 4.12.0.88 has requirement numpy>=2, but you have numpy 1.26.4."
+        in json.loads(found.stdout)["pip_check"]
+    )
     same = train_checks(python, "conflicts", str(recorded))
     assert same.returncode == 0, same.stdout + same.stderr
     assert "the base's own" in same.stdout
@@ -675,12 +939,13 @@ def patch_checks(root: Path) -> str:
     """%test's patch checks (from `applied` to the comparison with the pin's patches), on a
     fake base under ROOT: its /opt and /sgl-workspace moved there."""
     shell = percent_test()
-    start = shell.index("applied() {")
+    start = shell.index('checks="python3 /opt/deepdive-slurm/containers/train_checks.py"')
     end = shell.index("fi\n", shell.index('diff -r "$patches"')) + 3
-    fragment = substituted(shell[start:end])
-    return fragment.replace("/opt/", f"{root}/opt/").replace(
-        "/sgl-workspace/", f"{root}/sgl-workspace/"
-    )
+    checks = "python3 /opt/deepdive-slurm/containers/train_checks.py"
+    fragment = substituted(shell[start:end]).replace(checks, "$CHECKS")
+    fragment = fragment.replace("/opt/", f"{root}/opt/")
+    fragment = fragment.replace("/sgl-workspace/", f"{root}/sgl-workspace/")
+    return fragment.replace("$CHECKS", f"{sys.executable} {CHECKS}")
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="the check runs git apply")
@@ -720,4 +985,4 @@ def test_the_patch_checks_on_a_fake_base(tmp_path: Path) -> None:
     (pinned / "sglang.patch").write_text(patch)
     subprocess.run(["git", "apply", "-R", str(base / "sglang.patch")], cwd=tree, check=True)
     missing = check()
-    assert missing.returncode == 1 and "sglang.patch is not applied" in missing.stderr
+    assert missing.returncode == 1 and "sglang.patch not applied" in missing.stderr

@@ -74,3 +74,31 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
     )
     assert relative_links(page) == ["missing.md", "page.md#section"]
     assert broken_links(page) == ["missing.md"]
+
+
+# what differs between sites (issue 28): docs/cluster.md's "Your site" table has a row for each,
+# and each row's "checked" cell names tests that exist
+SITE_DIFFERENCES = (
+    "Slurm version", "Task plugin", "Egress", "Apptainer version", "Binds", "File system",
+    "Node memory",
+)  # fmt: skip
+
+
+def your_site_rows(text: str) -> dict[str, str]:
+    section = text.split("## Your site", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| \*\*([^*]+)\*\*[^|]*\|[^|]*\| (.*) \|$", section, re.MULTILINE)
+    return dict(rows)
+
+
+def test_your_site_names_each_difference_and_where_it_is_tested() -> None:
+    rows = your_site_rows((ROOT / "docs" / "cluster.md").read_text(encoding="utf-8"))
+    assert set(SITE_DIFFERENCES) <= set(rows), sorted(rows)
+    for name in SITE_DIFFERENCES:
+        paths = re.findall(r"`(tests/[\w/]+\.py)`", rows[name])
+        assert paths, f"the {name} row names no test"
+        assert [path for path in paths if not (ROOT / path).is_file()] == [], name
+
+
+def test_the_site_check_sees_a_missing_row() -> None:
+    text = "## Your site\n\n| **Slurm version** | x | `tests/test_docs.py` |\n\n## Next\n"
+    assert your_site_rows(text) == {"Slurm version": "`tests/test_docs.py`"}

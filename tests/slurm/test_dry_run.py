@@ -174,3 +174,18 @@ def test_the_recipe_dry_runs_before_anything_is_downloaded_or_built(tmp_path: Pa
     )  # fmt: skip
     assert real.returncode == 2 and "5 inputs are missing: container.image" in real.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("cpus", [2, 0])
+def test_a_conversion_jobs_srun_gets_the_cpus_its_job_asked_for(tmp_path: Path, cpus: int) -> None:
+    """`deepdive convert-checkpoint`'s job, as the training job: Slurm 22.05-23.02's srun does
+    not pass sbatch's --cpus-per-task to its step (docs/cluster.md, "Your site")."""
+    from slurm.backends.slime.conversion import executor_parameters as conversion_parameters
+
+    config = load_experiment(SHIPPED, [f'run.folder="{tmp_path}"', f"slurm.cpus_per_task={cpus}"])
+    parameters = conversion_parameters(config)
+    if cpus:
+        assert parameters["cpus_per_task"] == cpus
+        assert parameters["srun_args"] == [f"--cpus-per-task={cpus}"]
+    else:  # left to the cluster: neither
+        assert "cpus_per_task" not in parameters and "srun_args" not in parameters

@@ -1,9 +1,10 @@
 """`make bench`: run every benchmark of today's code, print a table each, save JSON under
 benchmarks/results/ (docs/benchmarks.md lists them). New sessions at 1,024 busy ones run beside
-62c9c25 (`new_sessions`: issue 27's regression stays fixed). The side-by-side comparison with
-another commit runs only when named: `--only side_by_side [--baseline REF] [--parts
-tools,rollout]`, as does the recorder's cost to the rollout: `--only trajectories [--baseline
-REF]`."""
+62c9c25 (`new_sessions`: issue 27's regression stays fixed); a tool worker frozen with SIGSTOP
+is replaced within 10 s of its last answer (`frozen_worker`, issue 27). The side-by-side
+comparison with another commit runs only when named: `--only side_by_side [--baseline REF]
+[--parts tools,rollout]`, as does the recorder's cost to the rollout: `--only trajectories
+[--baseline REF]`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from benchmarks import (
     engine,
+    frozen_worker,
     job_start,
     local_training,
     new_sessions,
@@ -408,6 +410,53 @@ def show_new_sessions(console: Console, results: dict[str, Any]) -> None:
         )
 
 
+def show_frozen_worker(console: Console, results: dict[str, Any]) -> None:
+    table = Table(
+        title=f"a tool worker frozen (SIGSTOP) among {results['workers']}, a fresh server a "
+        f"round, pings every {results['ping_interval_s']:g} s ({results['ping_timeout_s']:g} s "
+        f"each, {results['missed_pings']} misses; found within {results['design_bound_s']:g} s "
+        f"by design): seconds from its last answer, and its {results['sessions']} sessions' calls"
+    )
+    columns = (
+        "round",
+        "found",
+        "replacement answers",
+        "in-flight click: session_lost",
+        f"click at +{frozen_worker.LATE_S:g} s",
+        "next search",
+        "other workers' calls",
+        "failed",
+        "max ms",
+    )
+    right_aligned(table, columns)
+    for run in results["rounds"]:
+        calls = run["calls"]
+        in_flight = [c for c in calls if c["sent_after_stop_s"] < frozen_worker.LATE_S / 2]
+        late = [c for c in calls if c not in in_flight]
+        table.add_row(
+            str(run["round"]),
+            f"{run['found_after_last_answer_s']:.2f}",
+            f"{run['replaced_after_last_answer_s']:.2f}",
+            f"{max(c['frozen_s'] for c in in_flight):.2f}",
+            f"{max(c['frozen_s'] for c in late):.2f}" if late else "-",
+            f"{max(c['next_s'] for c in calls):.3f}",
+            str(run["others_calls"]),
+            str(run["others_failed"]),
+            f"{run['others_max_ms']:.0f}",
+        )
+    console.print(table)
+    summary = results["summary"]
+    replaced = summary["replaced_after_last_answer_s"]
+    console.print(
+        f"replaced {replaced['median']:.2f} s (median) / {replaced['max']:.2f} s (max) after the "
+        f"last answer, goal <= {summary['goal_s']:g} s; {summary['calls_session_lost']} of "
+        f"{summary['calls']} frozen calls session_lost, {summary['next_calls_served']} of "
+        f"{summary['next_calls']} next calls served, {summary['others_failed']} of "
+        f"{summary['others_calls']} other workers' calls failed: goal "
+        f"{'met' if summary['goal_met'] else 'NOT met'}"
+    )
+
+
 def show_node_services(console: Console, results: dict[str, Any]) -> None:
     table = Table(
         title=f"a 2-node slime job's services: {results['rollouts']} rollouts of "
@@ -476,6 +525,7 @@ def main() -> None:
             "job_start",
             "local_training",
             "new_sessions",
+            "frozen_worker",
             "side_by_side",
             "node_services",
             "trajectories",
@@ -517,6 +567,10 @@ def main() -> None:
         results = new_sessions.run(args.baseline or new_sessions.BASELINE)
         (RESULTS / "new_sessions.json").write_text(json.dumps(results, indent=2))
         show_new_sessions(console, results)
+    if args.only in (None, "frozen_worker"):
+        results = frozen_worker.run()
+        (RESULTS / "frozen_worker.json").write_text(json.dumps(results, indent=2))
+        show_frozen_worker(console, results)
     if args.only in (None, "rollout"):
         results = rollout.run()
         (RESULTS / "rollout.json").write_text(json.dumps(results, indent=2))

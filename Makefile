@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8700
 
-.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container ci-two-hosts pin-images gpu-smoke lint typecheck unit slurm-install nix-install browser-install slurm-up slurm-down run serve-tools bench clean
+.PHONY: setup lock test test-fast test-installed image-context image-cpu image ci-container ci-two-hosts pin-images gpu-smoke lint typecheck unit slurm-install nix-install browser-install proxy-install slurm-up slurm-down run serve-tools bench clean
 
 setup: $(STAMP)
 
@@ -38,7 +38,7 @@ typecheck: setup
 
 # The Slurm tests bring up their own private 2-node cluster (scripts/local-slurm.sh); Slurm and
 # munge are installed here first when missing (as root), else those tests skip, saying why.
-unit: setup slurm-install nix-install browser-install
+unit: setup slurm-install nix-install browser-install proxy-install
 	$(BIN)/pytest
 
 slurm-install:
@@ -48,6 +48,13 @@ slurm-install:
 # (tests/browser.py); installed here when missing (as root), else those tests skip, saying why.
 browser-install:
 	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || scripts/apt-install.sh chromium chromium-driver || echo "Chromium is not installed: the browser tests will skip"
+
+# The site-proxy tests (tests/site_proxy.py) run Debian's tinyproxy on a loopback port of their
+# own, bridged by socat into a namespace with no route out; installed here when missing (as
+# root), else those tests skip, saying why. (On a host with systemd, the package also starts its
+# own tinyproxy service on port 8888, answering loopback only: `systemctl disable --now tinyproxy`.)
+proxy-install:
+	@{ command -v tinyproxy >/dev/null && command -v socat >/dev/null; } || scripts/apt-install.sh tinyproxy socat || echo "tinyproxy or socat is not installed: the site-proxy tests will skip"
 
 # The flake's tests evaluate it with nix (offline, against a stand-in nixpkgs).
 nix-install:

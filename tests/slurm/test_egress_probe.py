@@ -309,11 +309,14 @@ def node_bootstrap(folder: Path, job: str, tools: str, *extra: str) -> NodeBoots
     return NodeBootstrap(load_experiment(TINY, overrides), node)
 
 
-def services_phase(bootstrap: NodeBootstrap) -> list[dict[str, Any]]:
-    """The node's launch and services phases (no Ray, no Slurm); its phase log's probe lines."""
+def services_phase(
+    bootstrap: NodeBootstrap, environment: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The node's launch and services phases (no Ray, no Slurm); its phase log's probe lines.
+    `environment`: what the services get beside this process's (the env file's values)."""
     ports, _ = plan_node_ports(bootstrap.node.job_id, 0, 1)
     try:
-        bootstrap._launch_services(ports, clean_environment())
+        bootstrap._launch_services(ports, environment or clean_environment())
         with bootstrap.phases.phase("services"):
             bootstrap._services_ready()
     finally:

@@ -156,12 +156,18 @@ def _arrived_while_idle(protocol: Any, transport: asyncio.BaseTransport) -> bool
     return _readable(transport)
 
 
+class ProxiedServerDisconnected(aiohttp.ServerDisconnectedError):
+    """A connection through a proxy closed before the reply: from the client's side the proxy
+    (gone behind a port forward, or refusing) and the server beyond it look the same."""
+
+
 # What a transport failure means, in words a model (or a person) can read: aiohttp's own text
 # names its internals ("ClientPayloadError (Response payload is not completed: <Content...>)").
 # First match wins, so a subclass comes before its base; an exception not listed is named by
 # its type alone.
 _TRANSPORT_WORDS: tuple[tuple[type[BaseException], str], ...] = (
     (aiohttp.ClientPayloadError, "the connection closed before the response was complete"),
+    (ProxiedServerDisconnected, "the proxy or the server beyond it closed the connection"),
     (aiohttp.ServerDisconnectedError, "the server closed the connection"),
     (TimeoutError, "timed out"),  # aiohttp's timeout errors all derive from it
     (
@@ -543,33 +549,38 @@ class Upstream:
                 options["proxy"] = proxy
                 options["proxy_headers"] = dict(proxy_headers) if proxy_headers else None
         session = self._open_session()
-        async with session.request(
-            method,
-            url,
-            headers=headers,
-            timeout=self._attempt_timeout(deadline),
-            allow_redirects=False,
-            **options,
-        ) as response:
-            limit = self.settings.max_response_bytes
-            length = response.content_length
-            if length is not None and length > limit:
-                raise self._too_large(limit)
-            if length is not None and "Content-Encoding" not in response.headers:
-                # A plain body of known size within the cap: read at once. A compressed one is
-                # counted as it inflates, below (its length says nothing of its inflated size).
-                body = await response.read()
-                return UpstreamReply(response.status, response.headers, body, response.charset)
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.content.iter_chunked(1 << 16):
-                size += len(chunk)
-                if size > limit:
+        try:
+            async with session.request(
+                method,
+                url,
+                headers=headers,
+                timeout=self._attempt_timeout(deadline),
+                allow_redirects=False,
+                **options,
+            ) as response:
+                limit = self.settings.max_response_bytes
+                length = response.content_length
+                if length is not None and length > limit:
                     raise self._too_large(limit)
-                chunks.append(chunk)
-            return UpstreamReply(
-                response.status, response.headers, b"".join(chunks), response.charset
-            )
+                if length is not None and "Content-Encoding" not in response.headers:
+                    # A plain body of known size within the cap: read at once. A compressed one is
+                    # counted as it inflates, below (its length says nothing of its inflated size).
+                    body = await response.read()
+                    return UpstreamReply(response.status, response.headers, body, response.charset)
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    size += len(chunk)
+                    if size > limit:
+                        raise self._too_large(limit)
+                    chunks.append(chunk)
+                return UpstreamReply(
+                    response.status, response.headers, b"".join(chunks), response.charset
+                )
+        except aiohttp.ServerDisconnectedError as exc:
+            if "proxy" in options:  # the words say both could have closed it
+                raise ProxiedServerDisconnected(exc.message) from exc
+            raise
 
     def _proxy_for(self, url: URL) -> _Proxy:
         """The proxy the environment names for `url`'s origin, read once per origin: aiohttp's

@@ -30,6 +30,7 @@ import sys
 import time
 import uuid
 from argparse import Namespace
+from pathlib import Path
 from typing import Any
 
 PROMPT = (
@@ -85,12 +86,14 @@ def log_rollout(step: int, args: Any, samples: list[Any]) -> None:
 async def episodes(
     url: str, samples: int, turns: int, tokenizer: Any, log: bool = False, step: int = 0
 ) -> dict[str, Any]:
-    try:
-        hooks = importlib.import_module("deepdive.generate")
-    except ImportError:  # a tree from before the hooks' split (2a5d2bd and older)
-        # By name, not `from ... import`: mypy would judge a module this tree lacks, and
-        # its verdict differs between a checkout and an installed wheel.
-        hooks = importlib.import_module("deepdive.rollout")
+    # By the tree's own files: a tree from before the hooks' split (2a5d2bd and older) has no
+    # deepdive/generate.py, and importing it there would find the editable install's (this
+    # checkout's), leaving its modules in sys.modules for the old tree to use. By name, not
+    # `from ... import`: mypy would judge a module this tree lacks, and its verdict differs
+    # between a checkout and an installed wheel.
+    package = importlib.import_module("deepdive")
+    split = (Path(package.__file__ or "").parent / "generate.py").is_file()
+    hooks = importlib.import_module("deepdive.generate" if split else "deepdive.rollout")
     generate_with_tool = hooks.generate_with_tool
     from deepdive.sample import LocalSample
 

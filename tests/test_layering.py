@@ -170,10 +170,12 @@ def test_the_slime_hooks_load_no_web_framework_and_no_local_backend() -> None:
 
 
 def test_tests_share_helpers_not_each_other() -> None:
-    """Tests import shared pieces from tests/helpers.py, tests/hostile.py and tests/browser.py
-    (fixtures come from conftest.py through pytest, never by import); benchmarks and fakes never
-    import a test."""
-    shared = {"tests.helpers", "tests.hostile", "tests.browser"}
+    """Tests import shared pieces from tests/helpers.py, tests/hostile.py, tests/browser.py,
+    tests/site_proxy.py and tests/node_egress.py (fixtures come from conftest.py through pytest,
+    never by import); benchmarks and fakes never import a test."""
+    shared = {
+        "tests.helpers", "tests.hostile", "tests.browser", "tests.site_proxy", "tests.node_egress",
+    }  # fmt: skip
     found = []
     for folder in ("tests", "benchmarks", "fakes"):
         for path in sorted((ROOT / folder).rglob("*.py")):

@@ -17,28 +17,19 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
 
 from fakes.forward_proxy import ForwardProxy
-from services.base.process import ServiceProcess
 from services.tool_server.config import ToolServerConfig
-from slurm.backends import ServiceSpec
-from slurm.bootstrap import NodeBootstrap
-from slurm.config import load_experiment
 from slurm.node.egress import (
     FALLBACK_URL,
     PROBE_QUERY,
     EgressFailed,
-    ProbeResult,
     Upstreams,
-    probe_egress,
 )
-from slurm.node.environment import NodeInfo
 from slurm.node.phases import NodeFailed, read_phases
-from slurm.node.ports import plan_node_ports
 from slurm.run_folder import read_json
 from tests.helpers import (
     RESULT_URL,
@@ -48,30 +39,10 @@ from tests.helpers import (
     clean_environment,
     internet_tools,
 )
+from tests.node_egress import node_bootstrap, probe, services_phase
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY_PASSWORD = "pr0xy-pa55word-never-shown"
-INTERNET = Upstreams("serper", "jina")
-
-
-def start_tools(folder: Path, table: dict[str, Any], environment: dict[str, str]) -> ServiceProcess:
-    """A tool server of one worker, started as a node starts it."""
-    spec = ServiceSpec("tools", "tools", table, workers=1)
-    config = spec.write_config(folder)
-    arguments = [*spec.command_arguments(1, config), "--host", "127.0.0.1"]
-    service = ServiceProcess("tools", arguments, folder / "tools.log", 60, environment)
-    service.start()
-    return service
-
-
-def probe(folder: Path, table: dict[str, Any], environment: dict[str, str]) -> ProbeResult:
-    service = start_tools(folder, table, environment)
-    try:
-        return probe_egress(
-            service.urls[0], INTERNET, session="probe", timeout_s=60, environment=environment
-        )
-    finally:
-        service.stop()
 
 
 @pytest.fixture
@@ -250,7 +221,8 @@ def test_a_certificate_the_node_does_not_trust_fails_naming_tls(tmp_path: Path) 
 NO_ROUTE_SCRIPT = """
 import sys
 from pathlib import Path
-from tests.slurm.test_egress_probe import clean_environment, probe
+from tests.helpers import clean_environment
+from tests.node_egress import probe
 from slurm.node.egress import EgressFailed
 table = {"search": "serper", "reader": "jina", "serper": {"retry": {"max_attempts": 1}},
          "jina": {"retry": {"max_attempts": 1}}}  # the real upstreams' addresses
@@ -291,38 +263,6 @@ def test_a_node_with_no_route_out_fails_naming_dns_or_connect(tmp_path: Path) ->
 
 
 # -- through the bootstrap's services phase ---------------------------------------------------
-
-TINY = ROOT / "configs" / "cluster-tiny.toml"
-
-
-def node_bootstrap(folder: Path, job: str, tools: str, *extra: str) -> NodeBootstrap:
-    """Node 0 of a 1-node slime job whose services bind loopback, as a node builds it."""
-    overrides = [
-        f'run.folder="{folder / "run"}"',
-        'run.backend="slime"',
-        'services.host="127.0.0.1"',
-        f"services.tools={tools}",
-        "services.tool_workers=1",
-        *extra,
-    ]
-    node = NodeInfo(job, 0, 1, "host", "n0", restart_count=0, cpus=1)
-    return NodeBootstrap(load_experiment(TINY, overrides), node)
-
-
-def services_phase(
-    bootstrap: NodeBootstrap, environment: dict[str, str] | None = None
-) -> list[dict[str, Any]]:
-    """The node's launch and services phases (no Ray, no Slurm); its phase log's probe lines.
-    `environment`: what the services get beside this process's (the env file's values)."""
-    ports, _ = plan_node_ports(bootstrap.node.job_id, 0, 1)
-    try:
-        bootstrap._launch_services(ports, environment or clean_environment())
-        with bootstrap.phases.phase("services"):
-            bootstrap._services_ready()
-    finally:
-        bootstrap._stop_children()
-    lines = read_phases(bootstrap.attempt.phases(0))
-    return [line for line in lines if line["phase"] == "egress_probe"]
 
 
 def refusing_serper(httpserver: HTTPServer) -> str:

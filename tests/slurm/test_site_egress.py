@@ -26,6 +26,7 @@ from tests.helpers import (
     clean_environment,
     internet_tools,
 )
+from tests.node_egress import probe
 from tests.site_proxy import (
     Authority,
     bridge,
@@ -35,7 +36,6 @@ from tests.site_proxy import (
     missing_proxy,
     tinyproxy,
 )
-from tests.slurm.test_egress_probe import probe
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "agent", "pr0xy-pa55word-never-shown"
@@ -141,7 +141,7 @@ from pathlib import Path
 from slurm.node.egress import EgressFailed
 from slurm.node.phases import NodeFailed
 from tests.helpers import clean_environment, internet_tools
-from tests.slurm.test_egress_probe import node_bootstrap, probe, services_phase
+from tests.node_egress import node_bootstrap, probe, services_phase
 
 folder, upstream, job = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 base = f"https://localhost:{upstream}"  # the fakes, on the host's loopback: not this one's

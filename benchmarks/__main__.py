@@ -4,7 +4,8 @@ benchmarks/results/ (docs/benchmarks.md lists them). New sessions at 1,024 busy 
 is replaced within 10 s of its last answer (`frozen_worker`, issue 27). The side-by-side
 comparison with another commit runs only when named: `--only side_by_side [--baseline REF]
 [--parts tools,rollout]`, as does the recorder's cost to the rollout: `--only trajectories
-[--baseline REF]`."""
+[--baseline REF]`, as do instruction counts under valgrind beside 2a5d2bd: `--only
+instructions [--baseline REF] [--parts rollout,tools]`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rich.table import Table
 from benchmarks import (
     engine,
     frozen_worker,
+    instructions,
     job_start,
     local_training,
     new_sessions,
@@ -511,6 +513,68 @@ def run_side_by_side(console: Console, args: argparse.Namespace) -> None:
     show_side_by_side(console, results)
 
 
+def instruction_parts(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--parts` for `--only instructions`: both unless named (side_by_side's default list
+    names both)."""
+    named = args.parts.split(",")
+    unknown = set(named) - set(instructions.PARTS) - set(side_by_side.PARTS)
+    chosen = tuple(part for part in instructions.PARTS if part in named)
+    if unknown or not chosen:
+        raise SystemExit(
+            f"--parts: instructions runs some of {','.join(instructions.PARTS)} (got {args.parts})"
+        )
+    return chosen
+
+
+def instruction_runs(part: dict[str, Any]) -> str:
+    """What the two run lengths of a part were, the longer first."""
+    if "batches" in part:
+        short, long = part["batches"]
+        return f"{part['samples']} episodes x {part['turns']} turns, batches {long} - {short}"
+    short, long = part["calls"]
+    return f"calls {long} - {short}, {part['concurrency']} in flight"
+
+
+def show_instructions(console: Console, results: dict[str, Any]) -> None:
+    base = results["baseline"]
+    table = Table(
+        title=f"instructions (valgrind's callgrind, Ir) per unit of work, this checkout vs "
+        f"{base}: differences of two run lengths, {results['repeats']} repetitions in turn"
+    )
+    table.add_column("part")
+    columns = (
+        "runs",
+        f"Ir/unit {base}",
+        "Ir/unit now",
+        f"now / {base}",
+        "per repetition",
+        f"spread {base} / now",
+        "identical samples",
+        "seconds",
+    )
+    right_aligned(table, columns)
+    rows = {"rollout": "rollout, per turn", "tool_server": "tool server misses, per call"}
+    for key, label in rows.items():
+        part = results.get(key)
+        if part is None:
+            continue
+        unit = part["unit"]
+        identical = part.get("identical_samples")
+        table.add_row(
+            label,
+            instruction_runs(part),
+            f"{part[f'baseline_ir_per_{unit}']:,}",
+            f"{part[f'this_ir_per_{unit}']:,}",
+            f"{part['ratio']:.3f}x",
+            ", ".join(f"{ratio:.3f}" for ratio in part["ratios"]),
+            f"{part['baseline_spread']:.2%} / {part['this_spread']:.2%}",
+            "-" if identical is None else "yes" if identical else "NO",
+            str(part["seconds"]),
+        )
+    console.print(table)
+    console.print(f"{results['valgrind']}, {results['seconds']} s in all")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--seconds", type=int, default=8, help="duration of each load run")
@@ -529,21 +593,24 @@ def main() -> None:
             "side_by_side",
             "node_services",
             "trajectories",
+            "instructions",
         ],
-        help="run one benchmark (side_by_side and trajectories run only when named)",
+        help="run one benchmark (side_by_side, trajectories and instructions run only when named)",
     )
     parser.add_argument(
         "--baseline",
         default=None,
         metavar="REF",
-        help=f"side_by_side, trajectories, new_sessions: the commit (or a folder holding a "
-        f"checkout) to compare this checkout with (default {BASELINE_COMMIT}; trajectories: "
-        f"{trajectories.BASELINE}; new_sessions: {new_sessions.BASELINE})",
+        help=f"side_by_side, trajectories, new_sessions, instructions: the commit (or a folder "
+        f"holding a checkout) to compare this checkout with (default {BASELINE_COMMIT}; "
+        f"trajectories: {trajectories.BASELINE}; new_sessions: {new_sessions.BASELINE}; "
+        f"instructions: {instructions.BASELINE})",
     )
     parser.add_argument(
         "--parts",
         default=",".join(side_by_side.PARTS),
-        help=f"side_by_side: which parts, comma-separated (default {','.join(side_by_side.PARTS)})",
+        help=f"side_by_side: which parts, comma-separated (default {','.join(side_by_side.PARTS)}); "
+        f"instructions: some of {','.join(instructions.PARTS)} (default both)",
     )
     args = parser.parse_args()
     console = Console(width=160)
@@ -551,6 +618,10 @@ def main() -> None:
     if args.only == "side_by_side":
         args.baseline = args.baseline or BASELINE_COMMIT
         run_side_by_side(console, args)
+    if args.only == "instructions":
+        results = instructions.run(args.baseline or instructions.BASELINE, instruction_parts(args))
+        (RESULTS / "instructions.json").write_text(json.dumps(results, indent=2))
+        show_instructions(console, results)
     if args.only == "trajectories":
         results = trajectories.run(args.baseline or trajectories.BASELINE)
         (RESULTS / "trajectories.json").write_text(json.dumps(results, indent=2))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from benchmarks import (
     trajectories,
 )
 from benchmarks.baseline import BASELINE_COMMIT
+from services.base.errors import DeepDiveError
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -673,4 +675,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except DeepDiveError as error:  # a missing tool, no baseline tree: said, not a traceback
+        print(f"benchmarks: {error.message}", file=sys.stderr)
+        raise SystemExit(2) from None

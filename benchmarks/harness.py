@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from services.base.errors import RuntimeFailure
+
 CORES = os.cpu_count() or 1
 LUA = Path(__file__).with_name("load.lua")
 _ERROR_KEYS = (
@@ -28,6 +30,24 @@ _ERROR_KEYS = (
     "timeouts",
     "error_bodies",
 )
+
+
+class MissingTool(RuntimeFailure):
+    """A benchmark needs a program this machine lacks: named with its package, nothing
+    measured (`python -m benchmarks` prints it and exits 2)."""
+
+    code = "missing_tool"
+
+
+def require_tool(program: str, package: str, benchmark: str) -> str:
+    """`program`'s path, or MissingTool naming the Debian package that brings it."""
+    found = shutil.which(program)
+    if found is None:
+        raise MissingTool(
+            f"the {benchmark} benchmark needs {program} (apt-get install {package}); "
+            "nothing was measured"
+        )
+    return found
 
 
 def free_port() -> int:
@@ -103,9 +123,10 @@ def run_wrk(
 ) -> dict[str, Any]:
     """One wrk run of `load.lua` (on core 1) against `url`; latency, throughput, errors and the
     server's CPU time per call. Every run gets a fresh nonce, so its queries are new."""
+    wrk_path = require_tool("wrk", "wrk", "wrk load")
     cpu_before = cpu_seconds(server_pid)
     nonce = uuid.uuid4().hex[:8]
-    wrk = ["wrk", "-t", "2", "-c", str(sessions), "-d", f"{seconds}s", "--timeout", "10s"]
+    wrk = [wrk_path, "-t", "2", "-c", str(sessions), "-d", f"{seconds}s", "--timeout", "10s"]
     script = ["-s", str(LUA), url, "--", kind, nonce, str(think_ms)]
     completed = subprocess.run(
         pinned(wrk + script, core=1),

@@ -42,7 +42,14 @@ import httpx
 import orjson
 
 from benchmarks.baseline import ROOT, baseline_tree, has_config_options, has_workers_option
-from benchmarks.harness import free_port, pinned, process, python_module, wait_healthy
+from benchmarks.harness import (
+    free_port,
+    pinned,
+    process,
+    python_module,
+    require_tool,
+    wait_healthy,
+)
 from benchmarks.tool_server import UPSTREAM_LATENCY_S, tool_server_command
 
 BASELINE = "2a5d2bd"  # issues 27 and 30: today's code against main before the hooks' split
@@ -64,12 +71,7 @@ _TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
 
 def valgrind() -> str:
     """valgrind's path; an error naming the package when it is missing."""
-    found = shutil.which("valgrind")
-    if found is None:
-        raise RuntimeError(
-            f"the instructions benchmark needs valgrind ({VALGRIND_HINT}); nothing was measured"
-        )
-    return found
+    return require_tool("valgrind", "valgrind", "instructions")
 
 
 def callgrind(out: Path, command: list[str]) -> list[str]:

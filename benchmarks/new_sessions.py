@@ -20,7 +20,7 @@ import statistics
 from typing import Any
 
 from benchmarks.baseline import ROOT, baseline_tree
-from benchmarks.harness import cpu_seconds
+from benchmarks.harness import cpu_seconds, require_tool
 from benchmarks.side_by_side import accept_run, percentile, upstream_and_tool_servers
 from benchmarks.tool_server import UPSTREAM_LATENCY_S
 
@@ -35,6 +35,7 @@ SIDES = ("baseline", "now")
 
 
 def measure(baseline: str, rounds: int, seconds: int) -> dict[str, Any]:
+    require_tool("wrk", "wrk", "new-sessions")  # before the baseline's tree is made
     trees = {"baseline": baseline_tree(baseline), "now": ROOT}
     results: dict[str, Any] = {
         "baseline": baseline,

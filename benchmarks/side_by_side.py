@@ -48,6 +48,7 @@ from benchmarks.harness import (
     pinned,
     process,
     python_module,
+    require_tool,
     rss_mb,
     run_wrk,
 )
@@ -287,8 +288,7 @@ def tool_server(
     seconds: int, baseline: str = BASELINE_COMMIT, loads: bool = True, accept: bool = True
 ) -> dict[str, Any]:
     """The loads (`loads`) and new sessions under load (`accept`), both trees in turn."""
-    if shutil.which("wrk") is None:
-        raise RuntimeError("the side-by-side benchmark needs wrk (apt-get install wrk)")
+    require_tool("wrk", "wrk", "side-by-side")
     results: dict[str, Any] = {"baseline": baseline, "loads": [], "accept": []}
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
         work = Path(tmp)

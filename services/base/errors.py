@@ -57,6 +57,7 @@ DeepDiveError
     ├── RolloutAborted          too many of a rollout's episodes aborted (deepdive/aborts.py)
     ├── ToolsFailing            too many of a rollout's tool calls failed (deepdive/tool_errors.py)
     ├── NoBaseline              a benchmark's baseline tree cannot be made (benchmarks/baseline.py)
+    ├── MissingTool             a benchmark needs a program this machine lacks (benchmarks/harness.py)
     └── _Unloadable             a checkpoint folder is corrupt (deepdive/local/checkpoint.py)
 """
 

@@ -97,6 +97,17 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+@contextmanager
+def rollout_fakes(work: Path, turns: int) -> Iterator[str]:
+    """fakes/rollout_servers.py (SGLang, the tool and reward servers at once, each episode
+    `turns` turns) natively on core 1: its URL while it runs."""
+    port = free_port()
+    command = python_module("fakes.rollout_servers", "--port", str(port), "--turns", str(turns))
+    url = f"http://127.0.0.1:{port}"
+    with process(pinned(command, core=1), f"{url}/health", work / "fakes.log"):
+        yield url
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time a process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -48,6 +48,7 @@ from benchmarks.harness import (
     process,
     python_module,
     require_tool,
+    rollout_fakes,
     wait_healthy,
 )
 from benchmarks.tool_server import UPSTREAM_LATENCY_S, tool_server_command
@@ -141,15 +142,7 @@ def rollout(trees: dict[str, Path]) -> dict[str, Any]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
         work = Path(tmp)
-        port = free_port()
-        fakes = pinned(
-            python_module(
-                "fakes.rollout_servers", "--port", str(port), "--turns", str(ROLLOUT_TURNS)
-            ),
-            core=1,
-        )
-        url = f"http://127.0.0.1:{port}"
-        with process(fakes, f"{url}/health", work / "fakes.log"):
+        with rollout_fakes(work, ROLLOUT_TURNS) as url:
             for _ in range(REPEATS):
                 repeat: dict[str, Any] = {}
                 for side, tree in trees.items():

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import free_port, pinned, process, python_module
+from benchmarks.harness import rollout_fakes
 from deepdive.clients import close_clients
 from deepdive.generate import generate_with_tool
 from deepdive.rollout_settings import RolloutSettings, rollout_args
@@ -54,15 +54,12 @@ def run(samples: int = SAMPLES) -> dict[str, Any]:
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
-    with tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp:
-        port = free_port()
-        fakes = pinned(
-            python_module("fakes.rollout_servers", "--port", str(port), "--turns", str(TURNS)),
-            core=1,
-        )
-        with process(fakes, f"http://127.0.0.1:{port}/health", Path(tmp) / "fakes.log"):
-            runner(run_rollouts(f"http://127.0.0.1:{port}", 8))  # warm-up
-            elapsed, cpu, done = runner(run_rollouts(f"http://127.0.0.1:{port}", samples))
+    with (
+        tempfile.TemporaryDirectory(prefix="deepdive-bench-") as tmp,
+        rollout_fakes(Path(tmp), TURNS) as url,
+    ):
+        runner(run_rollouts(url, 8))  # warm-up
+        elapsed, cpu, done = runner(run_rollouts(url, samples))
     turns = sum(s.metadata["deepdive"]["turns"] for s in done)
     completed = sum(s.status.name == "COMPLETED" for s in done)
     return {

@@ -49,6 +49,7 @@ from benchmarks.harness import (
     process,
     python_module,
     require_tool,
+    rollout_fakes,
     rss_mb,
     run_wrk,
 )
@@ -410,15 +411,7 @@ def rollout(baseline: str = BASELINE_COMMIT) -> dict[str, Any]:
             "【1】Orrery https://o.example/ A model. <tool_response>\n</tool_response>" * 20,
         ]
         train_tokenizer(texts, vocab_size=512).save_pretrained(work / "tokenizer")
-        port = free_port()
-        fakes = pinned(
-            python_module(
-                "fakes.rollout_servers", "--port", str(port), "--turns", str(ROLLOUT_TURNS)
-            ),
-            core=1,
-        )
-        url = f"http://127.0.0.1:{port}"
-        with process(fakes, f"{url}/health", work / "fakes.log"):
+        with rollout_fakes(work, ROLLOUT_TURNS) as url:
             for samples in ROLLOUT_SAMPLES:
                 pairs = []
                 for _ in range(ROLLOUT_ROUNDS):

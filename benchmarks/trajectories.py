@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from benchmarks.baseline import ROOT, baseline_tree
-from benchmarks.harness import free_port, pinned, process, python_module
+from benchmarks.harness import rollout_fakes
 
 BASELINE = "4dfeeeb"  # main when the recorder was built on it
 SAMPLES = (64, 256)
@@ -72,13 +72,7 @@ def run(baseline: str = BASELINE) -> dict[str, Any]:
             "【1】Orrery https://o.example/ A model. <tool_response>\n</tool_response>" * 20,
         ]
         train_tokenizer(texts, vocab_size=512).save_pretrained(work / "tokenizer")
-        port = free_port()
-        fakes = pinned(
-            python_module("fakes.rollout_servers", "--port", str(port), "--turns", str(TURNS)),
-            core=1,
-        )
-        url = f"http://127.0.0.1:{port}"
-        with process(fakes, f"{url}/health", work / "fakes.log"):
+        with rollout_fakes(work, TURNS) as url:
             for samples in SAMPLES:
                 pairs = []
                 for round_ in range(ROUNDS):

@@ -34,6 +34,7 @@ import argparse
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,11 @@ MEGATRON_PATCHES = ("megatron.patch", "megatron-sglang-aligned.patch")
 
 
 def run(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)  # noqa: S603
+    """`argv`'s result; a program that is not installed is a failed run (127), not a crash."""
+    try:
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)  # noqa: S603
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: not installed")
 
 
 def pip_check(python: str | None) -> list[str]:
@@ -156,6 +161,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     root: Path = args.root
     slime, megatron, tree = root / SLIME, root / MEGATRON, root / SGLANG_TREE
     problems: list[str] = []
+    if shutil.which("git") is None:
+        problems.append("no git in the base: its checkouts and patches cannot be read")
     for checkout in (slime, megatron):
         if not (checkout / ".git").exists():
             problems.append(f"no {checkout} checkout: is the base slime's image?")

@@ -27,7 +27,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from benchmarks.harness import (
     wait_healthy,
 )
 from benchmarks.tool_server import UPSTREAM_LATENCY_S, tool_server_command
+from services.base.process import terminate
 
 BASELINE = "2a5d2bd"  # issues 27 and 30: today's code against main before the hooks' split
 SIDES = ("baseline", "this")
@@ -242,12 +242,7 @@ def tool_run(tree: Path, calls: int, work: Path) -> int:
                 failed = asyncio.run(misses(base, calls))
             upstream_calls = httpx.get(f"{upstream}/stats").json()["calls"]
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=EXIT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            terminate(server, EXIT_TIMEOUT_S)  # a graceful exit: callgrind writes its count
     if failed or upstream_calls != calls:
         raise RuntimeError(
             f"{tree}: {failed} of {calls} searches failed, {upstream_calls} reached the "
